@@ -1,0 +1,185 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/dyadfs/dyadfs/fs"
+	"github.com/dyadfs/dyadfs/fs/dmd"
+	"github.com/dyadfs/dyadfs/hfl"
+)
+
+// mountConfig is everything `dyadfs mount` needs, assembled from defaults,
+// then DYAD's environment variables, then flags (flag > environment >
+// default).
+type mountConfig struct {
+	Mountpoint string
+	StoreURL   string
+	Foreground bool
+	LogLevel   slog.Level
+	LogFile    string
+
+	DMD     dmd.Config
+	FS      fs.Config
+	Locator hfl.LocatorConfig
+}
+
+// envVars lists the environment variables dyadfs reads, all of them here.
+// DYAD's names keep their DYAD meaning.
+var envVars = []struct{ name, help string }{
+	{"DYAD_KVS_NAMESPACE", "namespace (job scope) of the metadata keys: --namespace"},
+	{"DYAD_KEY_DEPTH", "levels of the hashed metadata key: --key-depth"},
+	{"DYAD_KEY_BINS", "bins per level of the hashed metadata key: --key-bins"},
+	{"DYAD_FSYNC_WRITE", "fsync files before publishing them: --fsync-on-publish"},
+	{"DYAD_SHARED_STORAGE", "all nodes share the backing storage: --shared-storage"},
+	{"DYADFS_STORE", "metadata store URL: --store"},
+	{"DYADFS_LOG_LEVEL", "log level: --log-level"},
+}
+
+// lookupEnv is os.LookupEnv; tests replace it.
+var lookupEnv = os.LookupEnv
+
+// defaultMountConfig returns the defaults with the environment applied.
+func defaultMountConfig() (mountConfig, error) {
+	c := mountConfig{
+		StoreURL: hfl.EmbeddedURL,
+		LogLevel: slog.LevelInfo,
+		DMD:      dmd.DefaultConfig(),
+		FS:       fs.DefaultConfig(),
+		Locator:  hfl.DefaultLocatorConfig(),
+	}
+	if h, err := os.Hostname(); err == nil {
+		c.DMD.Node = h
+	}
+	var errs []string
+	env := func(name string, apply func(string) error) {
+		if v, ok := lookupEnv(name); ok {
+			if err := apply(v); err != nil {
+				errs = append(errs, fmt.Sprintf("%s=%q: %v", name, v, err))
+			}
+		}
+	}
+	env("DYAD_KVS_NAMESPACE", func(v string) error { c.Locator.Namespace = v; return nil })
+	env("DYAD_KEY_DEPTH", func(v string) (err error) { c.Locator.KeyDepth, err = strconv.Atoi(v); return })
+	env("DYAD_KEY_BINS", func(v string) (err error) { c.Locator.KeyBins, err = strconv.Atoi(v); return })
+	env("DYAD_FSYNC_WRITE", func(v string) (err error) { c.DMD.FsyncOnPublish, err = parseBool(v); return })
+	env("DYAD_SHARED_STORAGE", func(v string) (err error) { c.DMD.SharedStorage, err = parseBool(v); return })
+	env("DYADFS_STORE", func(v string) error { c.StoreURL = v; return nil })
+	env("DYADFS_LOG_LEVEL", func(v string) error { return c.LogLevel.UnmarshalText([]byte(v)) })
+	if len(errs) > 0 {
+		return c, fmt.Errorf("bad environment: %s", strings.Join(errs, "; "))
+	}
+	return c, nil
+}
+
+// parseBool accepts what DYAD's users write in the environment.
+func parseBool(v string) (bool, error) {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "1", "true", "yes", "on":
+		return true, nil
+	case "0", "false", "no", "off", "":
+		return false, nil
+	}
+	return false, fmt.Errorf("want 1/0, true/false, yes/no or on/off")
+}
+
+// mountFlags binds the mount command's flags to c, whose current values are
+// the defaults shown in help.
+func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
+	f := pflag.NewFlagSet("mount", pflag.ContinueOnError)
+	f.SortFlags = false
+	f.Usage = func() {} // help goes to stdout through runHelp
+	v := &mountFlagValues{logLevel: strings.ToLower(c.LogLevel.String())}
+	f.StringVar(&c.DMD.Backing, "backing", c.DMD.Backing, "node-local `DIR` that stores the managed directory's files (required)")
+	f.StringVar(&c.DMD.Node, "node", c.DMD.Node, "this node's `ID`, the owner of the files it publishes")
+	f.StringVar(&c.StoreURL, "store", c.StoreURL, "metadata store `URL`: embedded:// (single node)")
+	f.StringVar(&c.Locator.Namespace, "namespace", c.Locator.Namespace, "job `NAME` that scopes metadata keys (DYAD_KVS_NAMESPACE)")
+	f.IntVar(&c.Locator.KeyDepth, "key-depth", c.Locator.KeyDepth, "levels of the hashed metadata key (DYAD_KEY_DEPTH)")
+	f.IntVar(&c.Locator.KeyBins, "key-bins", c.Locator.KeyBins, "bins per level of the hashed metadata key (DYAD_KEY_BINS)")
+	f.DurationVar(&c.DMD.WaitTimeout, "wait-timeout", c.DMD.WaitTimeout, "bound on how long an open waits for a file (0: forever); on expiry open fails with ETIMEDOUT")
+	f.BoolVar(&c.DMD.FsyncOnPublish, "fsync-on-publish", c.DMD.FsyncOnPublish, "make file data durable before publishing it (DYAD_FSYNC_WRITE)")
+	f.BoolVar(&c.DMD.SharedStorage, "shared-storage", c.DMD.SharedStorage, "all nodes see the same backing storage: wait for records, never transfer (DYAD_SHARED_STORAGE)")
+	f.StringSliceVarP(&v.options, "options", "o", nil, "FUSE mount `OPTIONS`, comma-separated (allow_other, ...)")
+	f.DurationVar(&c.FS.CacheTTL, "cache-ttl", c.FS.CacheTTL, "how long the kernel caches entries and attributes of existing files")
+	f.BoolVar(&c.FS.Passthrough, "passthrough", c.FS.Passthrough, "let the kernel read and write backing files directly (FUSE passthrough) where it can")
+	f.BoolVarP(&c.Foreground, "foreground", "f", false, "stay attached and log to stderr instead of running as a daemon")
+	f.StringVar(&v.logLevel, "log-level", v.logLevel, "log `LEVEL`: debug, info, warn, error")
+	f.StringVar(&c.LogFile, "log-file", "", "daemon log `FILE` (default: /tmp/dyadfs-<mountpoint>.log; stderr with --foreground)")
+	f.BoolVar(&c.FS.Debug, "debug-fuse", false, "log every FUSE request (very verbose)")
+	return f, v
+}
+
+// mountFlagValues holds flags that need parsing after pflag.
+type mountFlagValues struct {
+	options  []string
+	logLevel string
+}
+
+// finish applies the parsed flag values and derived settings to c and
+// validates the result.
+func (v *mountFlagValues) finish(c *mountConfig, args []string) error {
+	if len(args) != 1 {
+		return fail(exitUsage, "mount takes exactly one MOUNTPOINT (see dyadfs help mount)")
+	}
+	if err := c.LogLevel.UnmarshalText([]byte(v.logLevel)); err != nil {
+		return fail(exitUsage, fmt.Sprintf("--log-level %q: want debug, info, warn or error", v.logLevel))
+	}
+	for _, o := range v.options {
+		switch o = strings.TrimSpace(o); o {
+		case "":
+		case "allow_other":
+			c.FS.AllowOther = true
+		default:
+			c.FS.Options = append(c.FS.Options, o)
+		}
+	}
+	if c.DMD.Backing == "" {
+		return fail(exitUsage, "--backing is required: the node-local directory that stores the files (for example --backing /var/tmp/dmd-store)")
+	}
+	var err error
+	if c.Mountpoint, err = filepath.Abs(args[0]); err != nil {
+		return fail(exitMountpoint, fmt.Sprintf("mountpoint %s: %v", args[0], err))
+	}
+	if c.DMD.Backing, err = filepath.Abs(c.DMD.Backing); err != nil {
+		return fail(exitBacking, fmt.Sprintf("backing directory %s: %v", c.DMD.Backing, err))
+	}
+	if err := hfl.ValidateStoreURL(c.StoreURL); err != nil {
+		return fail(exitUsage, fmt.Sprintf("--store: %v", err))
+	}
+	if err := c.Locator.Validate(); err != nil {
+		return fail(exitUsage, err.Error())
+	}
+	if c.DMD.WaitTimeout < 0 {
+		return fail(exitUsage, fmt.Sprintf("--wait-timeout %v must not be negative (0 waits forever)", c.DMD.WaitTimeout))
+	}
+	if c.FS.CacheTTL < 0 {
+		return fail(exitUsage, fmt.Sprintf("--cache-ttl %v must not be negative", c.FS.CacheTTL))
+	}
+	if c.DMD.Node == "" || strings.ContainsAny(c.DMD.Node, "/ \t\n") {
+		return fail(exitUsage, fmt.Sprintf("--node %q: want a non-empty id without slashes or spaces", c.DMD.Node))
+	}
+	if c.LogFile == "" && !c.Foreground {
+		c.LogFile = defaultLogFile(c.Mountpoint)
+	}
+	return nil
+}
+
+func defaultLogFile(mountpoint string) string {
+	name := strings.Trim(strings.ReplaceAll(mountpoint, "/", "-"), "-")
+	return filepath.Join(os.TempDir(), "dyadfs-"+name+".log")
+}
+
+// durationOrZero prints a wait timeout the way users think of it.
+func durationOrZero(d time.Duration) string {
+	if d == 0 {
+		return "forever"
+	}
+	return d.String()
+}

@@ -1,0 +1,88 @@
+// Command dyadfs mounts a DYAD managed directory as a FUSE filesystem:
+// producers write files into node-local storage through the mount, and
+// consumers anywhere open the same paths, waiting until each file is
+// published.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+var errHelp = errors.New("help requested")
+
+const usage = `dyadfs: a FUSE filesystem for DYAD-style producer/consumer file sharing
+
+Usage:
+  dyadfs mount [flags] MOUNTPOINT   mount the managed directory (runs as a daemon)
+  dyadfs status [--json] MOUNTPOINT show a mount's settings and counters
+  dyadfs wait [--timeout D] PATH... wait until files are published and here
+  dyadfs version                    print the version
+  dyadfs help [COMMAND]             show help
+
+Unmount with: fusermount3 -u MOUNTPOINT (or send SIGTERM to the daemon).
+`
+
+func main() {
+	err := run(os.Args[1:], os.Stdout)
+	if err == nil || errors.Is(err, errHelp) {
+		os.Exit(exitOK)
+	}
+	fmt.Fprintf(os.Stderr, "dyadfs: %s\n", strings.TrimSpace(err.Error()))
+	var ee *exitError
+	if errors.As(err, &ee) {
+		os.Exit(ee.code)
+	}
+	os.Exit(exitInternal)
+}
+
+func run(args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, usage)
+		return fail(exitUsage, "no command given")
+	}
+	switch cmd, rest := args[0], args[1:]; cmd {
+	case "mount":
+		return runMount(rest)
+	case "status":
+		return runStatus(rest, stdout)
+	case "wait":
+		return runWait(rest, stdout)
+	case "version", "--version":
+		fmt.Fprintln(stdout, versionString())
+		return nil
+	case "help", "-h", "--help":
+		return runHelp(rest, stdout)
+	default:
+		return fail(exitUsage, fmt.Sprintf("unknown command %q (see dyadfs help)", cmd))
+	}
+}
+
+func runHelp(args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	switch args[0] {
+	case "mount":
+		c, _ := defaultMountConfig()
+		flags, _ := mountFlags(&c)
+		fmt.Fprintf(stdout, "Usage: dyadfs mount [flags] MOUNTPOINT\n\n"+
+			"Mounts the managed directory at MOUNTPOINT over the node-local --backing\n"+
+			"directory and returns once the mount is ready; the daemon runs on.\n\nFlags:\n%s\n"+
+			"Environment (flags win over it):\n", flags.FlagUsages())
+		for _, e := range envVars {
+			fmt.Fprintf(stdout, "  %-20s %s\n", e.name, e.help)
+		}
+		return nil
+	case "status":
+		fmt.Fprint(stdout, statusUsage)
+		return nil
+	case "wait":
+		return runWait([]string{"--help"}, stdout)
+	}
+	return fail(exitUsage, fmt.Sprintf("no help for %q (see dyadfs help)", args[0]))
+}

@@ -1,0 +1,299 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	iofs "io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+
+	"github.com/dyadfs/dyadfs/fs"
+	"github.com/dyadfs/dyadfs/fs/dmd"
+	"github.com/dyadfs/dyadfs/hfl"
+)
+
+// readyFDEnv names the descriptor on which a daemon started by `dyadfs
+// mount` reports "ok" or its error to the command that started it.
+const readyFDEnv = "DYADFS_READY_FD"
+
+func runMount(args []string) error {
+	c, err := defaultMountConfig()
+	if err != nil {
+		return fail(exitUsage, err.Error())
+	}
+	flags, vals := mountFlags(&c)
+	if err := flags.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			runHelp([]string{"mount"}, os.Stdout)
+			return errHelp
+		}
+		return fail(exitUsage, err.Error()+" (see dyadfs help mount)")
+	}
+	if err := vals.finish(&c, flags.Args()); err != nil {
+		return err
+	}
+	if err := preflight(&c); err != nil {
+		return err
+	}
+	if !c.Foreground {
+		return daemonize(&c, args)
+	}
+	return serve(&c, readyReporter())
+}
+
+// preflight checks what a user can get wrong before anything is started.
+func preflight(c *mountConfig) error {
+	st, err := os.Stat(c.DMD.Backing)
+	switch {
+	case errors.Is(err, iofs.ErrNotExist):
+		return fail(exitBacking, fmt.Sprintf("backing directory %s does not exist: create it (mkdir -p %s) or pass another --backing", c.DMD.Backing, c.DMD.Backing))
+	case err != nil:
+		return fail(exitBacking, fmt.Sprintf("backing directory %s: %v", c.DMD.Backing, err))
+	case !st.IsDir():
+		return fail(exitBacking, fmt.Sprintf("backing directory %s is not a directory", c.DMD.Backing))
+	}
+	if err := unix.Access(c.DMD.Backing, unix.W_OK|unix.X_OK); err != nil {
+		return fail(exitBacking, fmt.Sprintf("backing directory %s is not writable (%v): pass a writable --backing", c.DMD.Backing, err))
+	}
+	if c.DMD.Backing, err = filepath.EvalSymlinks(c.DMD.Backing); err != nil {
+		return fail(exitBacking, fmt.Sprintf("backing directory: %v", err))
+	}
+
+	st, err = os.Stat(c.Mountpoint)
+	switch {
+	case errors.Is(err, iofs.ErrNotExist):
+		return fail(exitMountpoint, fmt.Sprintf("mountpoint %s does not exist: create it (mkdir -p %s)", c.Mountpoint, c.Mountpoint))
+	case errors.Is(err, syscall.ENOTCONN):
+		return fail(exitMountpoint, fmt.Sprintf("mountpoint %s is a FUSE mount whose daemon died: unmount it first (fusermount3 -u %s)", c.Mountpoint, c.Mountpoint))
+	case err != nil:
+		return fail(exitMountpoint, fmt.Sprintf("mountpoint %s: %v", c.Mountpoint, err))
+	case !st.IsDir():
+		return fail(exitMountpoint, fmt.Sprintf("mountpoint %s is not a directory", c.Mountpoint))
+	}
+	if c.Mountpoint, err = filepath.EvalSymlinks(c.Mountpoint); err != nil {
+		return fail(exitMountpoint, fmt.Sprintf("mountpoint: %v", err))
+	}
+	if fstype, ok := mountedAt(c.Mountpoint); ok {
+		return fail(exitMountpoint, fmt.Sprintf("%s is already mounted (%s): unmount it first (fusermount3 -u %s)", c.Mountpoint, fstype, c.Mountpoint))
+	}
+	if within(c.DMD.Backing, c.Mountpoint) {
+		return fail(exitBacking, fmt.Sprintf("backing directory %s is inside the mountpoint %s: choose a backing directory outside the mount", c.DMD.Backing, c.Mountpoint))
+	}
+	if within(c.Mountpoint, c.DMD.Backing) {
+		return fail(exitBacking, fmt.Sprintf("mountpoint %s is inside the backing directory %s: choose a mountpoint outside it", c.Mountpoint, c.DMD.Backing))
+	}
+
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		return fail(exitNoFuse, "/dev/fuse is missing: load the fuse module (modprobe fuse) or run where FUSE is available")
+	}
+	if _, err := exec.LookPath("fusermount3"); err != nil {
+		return fail(exitNoFuse, "fusermount3 not found: install fuse3 (apt-get install fuse3, or run scripts/setup.sh)")
+	}
+	return nil
+}
+
+// within reports whether p is dir or below it.
+func within(p, dir string) bool {
+	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
+}
+
+// mountedAt reports whether something is mounted exactly at dir in this
+// mount namespace, and its type.
+func mountedAt(dir string) (string, bool) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 10 || unescapeMountinfo(f[4]) != dir {
+			continue
+		}
+		// Fields after the optional ones: " - fstype source options".
+		for i, x := range f {
+			if x == "-" && i+1 < len(f) {
+				return f[i+1], true
+			}
+		}
+		return "unknown type", true
+	}
+	return "", false
+}
+
+// unescapeMountinfo undoes the octal escapes (\040 for space) of mountinfo.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// daemonize starts this program again as a background daemon and returns
+// once it reports that the mount is ready, or with its error.
+func daemonize(c *mountConfig, args []string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return fail(exitInternal, fmt.Sprintf("cannot find the dyadfs executable: %v", err))
+	}
+	logf, err := os.OpenFile(c.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fail(exitUsage, fmt.Sprintf("log file %s: %v (pass a writable --log-file)", c.LogFile, err))
+	}
+	defer logf.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		return fail(exitInternal, err.Error())
+	}
+	defer r.Close()
+
+	child := exec.Command(self, append(append([]string{"mount"}, args...), "--foreground", "--log-file", c.LogFile)...)
+	child.Env = append(os.Environ(), readyFDEnv+"=3")
+	child.ExtraFiles = []*os.File{w}
+	child.Stdout, child.Stderr = logf, logf
+	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := child.Start(); err != nil {
+		w.Close()
+		return fail(exitInternal, fmt.Sprintf("start the dyadfs daemon: %v", err))
+	}
+	w.Close()
+
+	line, _ := bufio.NewReader(r).ReadString('\n')
+	line = strings.TrimSpace(line)
+	if line == "ok" {
+		child.Process.Release()
+		return nil
+	}
+	if code, msg, ok := strings.Cut(line, " "); ok {
+		if n, err := strconv.Atoi(code); err == nil {
+			child.Wait()
+			return fail(n, msg)
+		}
+	}
+	state, _ := child.Process.Wait()
+	return fail(exitDaemon, fmt.Sprintf("the dyadfs daemon exited before the mount was ready (%v): see %s", state, c.LogFile))
+}
+
+// readyReporter returns the function a daemon calls once, with nil when the
+// mount is ready or with the error that stopped it.
+func readyReporter() func(error) {
+	fdStr, ok := os.LookupEnv(readyFDEnv)
+	os.Unsetenv(readyFDEnv)
+	if !ok {
+		return func(error) {}
+	}
+	fd, err := strconv.Atoi(fdStr)
+	if err != nil {
+		return func(error) {}
+	}
+	f := os.NewFile(uintptr(fd), "ready")
+	return func(err error) {
+		if f == nil {
+			return
+		}
+		if err == nil {
+			fmt.Fprintln(f, "ok")
+		} else {
+			code := exitInternal
+			var ee *exitError
+			if errors.As(err, &ee) {
+				code = ee.code
+			}
+			fmt.Fprintf(f, "%d %s\n", code, strings.ReplaceAll(err.Error(), "\n", " "))
+		}
+		f.Close()
+		f = nil
+	}
+}
+
+// serve runs the daemon: it opens the store, scans the backing directory,
+// mounts, reports readiness, and serves until unmounted or signalled.
+func serve(c *mountConfig, ready func(error)) (err error) {
+	defer func() { ready(err) }()
+	log, closeLog, err := openLog(c)
+	if err != nil {
+		return err
+	}
+	defer closeLog()
+
+	ctx := context.Background()
+	store, err := hfl.OpenStore(ctx, c.StoreURL)
+	if err != nil {
+		return fail(exitStore, fmt.Sprintf("metadata store: %v", err))
+	}
+	defer store.Close()
+	loc := hfl.NewLocator(c.Locator, store, nil)
+	d, err := dmd.New(c.DMD, loc, log)
+	if err != nil {
+		return fail(exitBacking, err.Error())
+	}
+	res, err := d.Scan(ctx)
+	if err != nil {
+		return fail(exitBacking, fmt.Sprintf("scan %s: %v", c.DMD.Backing, err))
+	}
+	log.Info("backing directory scanned", "published", res.Published, "incomplete", res.Incomplete)
+
+	c.FS.Mountpoint = c.Mountpoint
+	c.FS.Info = map[string]string{
+		"version":      versionString(),
+		"store":        c.StoreURL,
+		"namespace":    c.Locator.Namespace,
+		"log_file":     c.LogFile,
+		"wait_timeout": durationOrZero(c.DMD.WaitTimeout),
+	}
+	fsys, err := fs.Mount(c.FS, d, log)
+	if err != nil {
+		return fail(exitMountFailed, err.Error())
+	}
+	ready(nil)
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	go func() {
+		s, ok := <-sigs
+		if !ok {
+			return
+		}
+		log.Info("signal received; unmounting", "signal", s.String())
+		if err := fsys.Unmount(); err != nil {
+			log.Error("unmount", "err", err)
+		}
+	}()
+	fsys.Wait()
+	log.Info("unmounted; exiting", "mountpoint", c.Mountpoint)
+	return nil
+}
+
+func openLog(c *mountConfig) (*slog.Logger, func(), error) {
+	w, closer := os.Stderr, func() {}
+	if c.LogFile != "" {
+		f, err := os.OpenFile(c.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return nil, nil, fail(exitUsage, fmt.Sprintf("log file %s: %v (pass a writable --log-file)", c.LogFile, err))
+		}
+		w, closer = f, func() { f.Close() }
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: c.LogLevel})), closer, nil
+}

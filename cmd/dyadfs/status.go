@@ -1,0 +1,138 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/pflag"
+
+	"github.com/dyadfs/dyadfs/fs"
+	"github.com/dyadfs/dyadfs/fs/dmd"
+)
+
+const statusUsage = `Usage: dyadfs status [--json] MOUNTPOINT
+
+Shows a dyadfs mount's settings and counters: opens that waited and for how
+long, publishes, lookups answered at each locator level, FUSE operations and
+the errnos they ended with. The same data is in MOUNTPOINT/.dyadfs/status.
+`
+
+func runStatus(args []string, stdout io.Writer) error {
+	flags := pflag.NewFlagSet("status", pflag.ContinueOnError)
+	asJSON := flags.Bool("json", false, "print the raw JSON")
+	flags.Usage = func() {}
+	if err := flags.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			fmt.Fprint(stdout, statusUsage)
+			return errHelp
+		}
+		return fail(exitUsage, err.Error()+" (see dyadfs help status)")
+	}
+	if flags.NArg() != 1 {
+		return fail(exitUsage, "status takes exactly one MOUNTPOINT (see dyadfs help status)")
+	}
+	mnt := flags.Arg(0)
+	data, err := os.ReadFile(filepath.Join(mnt, dmd.InternalDir, fs.StatusFile))
+	if errors.Is(err, iofs.ErrNotExist) || errors.Is(err, iofs.ErrPermission) {
+		return fail(exitNotMounted, fmt.Sprintf("%s is not a dyadfs mount", mnt))
+	}
+	if err != nil {
+		return fail(exitNotMounted, fmt.Sprintf("%s: %v", mnt, err))
+	}
+	if *asJSON {
+		_, err := stdout.Write(data)
+		return err
+	}
+	var st fs.Status
+	if err := json.Unmarshal(data, &st); err != nil {
+		return fail(exitInternal, fmt.Sprintf("status of %s: %v", mnt, err))
+	}
+	printStatus(stdout, &st)
+	return nil
+}
+
+func printStatus(out io.Writer, st *fs.Status) {
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	row := func(k string, v any) { fmt.Fprintf(w, "%s\t%v\n", k, v) }
+	row("mountpoint", st.Mountpoint)
+	row("backing", st.Backing)
+	row("node", st.Node)
+	row("daemon pid", st.PID)
+	for _, k := range sortedKeys(st.Info) {
+		row(strings.ReplaceAll(k, "_", " "), st.Info[k])
+	}
+	row("uptime", fmt.Sprintf("%.0fs", st.Uptime))
+	row("passthrough", st.Passthrough)
+	row("crash markers", onOff(st.CrashMarkers))
+	w.Flush()
+
+	fmt.Fprintln(out, "\nmanaged directory")
+	d := st.DMD
+	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	row("  opens waited", d.OpensWaited)
+	row("  wait time total", fmt.Sprintf("%.3fs (max %.3fs)", d.WaitSeconds, d.WaitMaxSeconds))
+	row("  waits timed out", d.WaitTimeouts)
+	row("  waits interrupted", d.WaitInterrupts)
+	row("  waiting now (paths)", d.Waiting)
+	row("  files being written", d.BusyFiles)
+	row("  write opens", d.WriteOpens)
+	row("  publishes", fmt.Sprintf("%d (errors %d, at start %d)", d.Publishes, d.PublishErrors, d.ScanPublished))
+	row("  fsyncs before publish", d.Fsyncs)
+	row("  unpublishes", d.Unpublishes)
+	row("  incomplete at start", d.ScanIncomplete)
+	row("  fetches", fmt.Sprintf("%d (errors %d)", d.Fetches, d.FetchErrors))
+	w.Flush()
+
+	fmt.Fprintln(out, "\nlocator")
+	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	for _, lv := range []string{"local", "cache", "global"} {
+		row("  hits "+lv, st.Locator.Hits[lv])
+	}
+	row("  misses", st.Locator.Misses)
+	row("  cached records", st.Locator.Cached)
+	for _, k := range sortedKeys(st.Intent) {
+		row("  missing-name lookups: "+strings.ReplaceAll(k, "_", " "), st.Intent[k])
+	}
+	w.Flush()
+
+	fmt.Fprintln(out, "\nFUSE operations")
+	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "  op\tcount\terrors\tmean")
+	for _, k := range sortedKeys(st.Ops) {
+		o := st.Ops[k]
+		fmt.Fprintf(w, "  %s\t%d\t%d\t%.1fus\n", k, o.Count, o.Errors, o.MeanMicro)
+	}
+	w.Flush()
+	if len(st.Errnos) > 0 {
+		fmt.Fprintln(out, "\nerrors by errno")
+		w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+		for _, k := range sortedKeys(st.Errnos) {
+			row("  "+k, st.Errnos[k])
+		}
+		w.Flush()
+	}
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off (the backing filesystem has no user xattrs)"
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,301 @@
+// Package caller learns, from /proc, what the process behind a FUSE request
+// is doing: which syscall it is blocked in, with which flags and path.
+//
+// dyadfs needs this in LOOKUP of a missing name: the kernel holds the parent
+// directory's lock there and LOOKUP carries no open flags, so the filesystem
+// cannot block; it must decide at once whether the caller is opening the path
+// for reading (answer with a placeholder whose OPEN waits) or doing anything
+// else (answer ENOENT). A FUSE request names the calling thread; while that
+// thread is asleep waiting for the answer, /proc/<tid>/syscall shows its
+// syscall number and arguments and /proc/<tid>/mem its path string.
+//
+// Everything here fails closed: when the syscall cannot be read (no
+// permission, a 32-bit caller, io_uring, a kernel thread, an unknown
+// syscall), the answer is Unknown and the caller gets ENOENT as on any
+// filesystem.
+package caller
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Intent is what a LOOKUP of a missing name is for.
+type Intent int
+
+const (
+	// Unknown: the caller's syscall could not be read. Treat as no wait.
+	Unknown Intent = iota
+	// Other: a syscall that must not wait (stat, access, mkdir, creat,
+	// open with O_CREAT or for writing, exec, ...).
+	Other
+	// OpenFile: the name is the last component of a read-only open.
+	OpenFile
+	// Traverse: the name is a directory component on the way to a
+	// read-only open.
+	Traverse
+)
+
+func (i Intent) String() string {
+	switch i {
+	case Other:
+		return "other"
+	case OpenFile:
+		return "open-file"
+	case Traverse:
+		return "traverse"
+	}
+	return "unknown"
+}
+
+// Call is a decoded syscall of a blocked thread.
+type Call struct {
+	Nr    int64
+	Args  [6]uint64
+	Open  bool   // open, openat or openat2
+	Dirfd int32  // for open: atFDCWD
+	Path  string // pathname argument of an open
+	Flags uint64 // open flags
+}
+
+const atFDCWD = -100
+
+// readRetries bounds how long we wait for the calling thread to fall asleep:
+// the daemon can read the request before the caller has left the CPU, and
+// /proc then says "running".
+const (
+	readRetries = 200
+	retryPause  = 25 * time.Microsecond
+)
+
+// errRunning means the thread was on a CPU every time we looked.
+var errRunning = errors.New("thread still running")
+
+// ReadCall decodes the syscall thread tid is blocked in. For opens it also
+// reads the path and flags from the thread's memory.
+func ReadCall(tid uint32) (Call, error) {
+	if tid == 0 {
+		return Call{}, errors.New("request from the kernel or another pid namespace")
+	}
+	var raw []byte
+	var err error
+	name := "/proc/" + strconv.FormatUint(uint64(tid), 10) + "/syscall"
+	for i := 0; i < readRetries; i++ {
+		raw, err = os.ReadFile(name)
+		if err != nil {
+			return Call{}, err
+		}
+		if !bytes.HasPrefix(raw, []byte("running")) {
+			break
+		}
+		err = errRunning
+		time.Sleep(retryPause)
+	}
+	if err != nil {
+		return Call{}, err
+	}
+	c, err := parseSyscall(raw)
+	if err != nil {
+		return Call{}, err
+	}
+	if !c.Open {
+		return c, nil
+	}
+	mem, err := os.Open("/proc/" + strconv.FormatUint(uint64(tid), 10) + "/mem")
+	if err != nil {
+		return Call{}, err
+	}
+	defer mem.Close()
+	var pathAddr uint64
+	switch c.Nr {
+	case sysOpen:
+		pathAddr, c.Flags, c.Dirfd = c.Args[0], c.Args[1], atFDCWD
+	case sysOpenat:
+		pathAddr, c.Flags, c.Dirfd = c.Args[1], c.Args[2], int32(c.Args[0])
+	case sysOpenat2:
+		pathAddr, c.Dirfd = c.Args[1], int32(c.Args[0])
+		// struct open_how starts with the u64 flags.
+		var how [8]byte
+		if _, err := mem.ReadAt(how[:], int64(c.Args[2])); err != nil {
+			return Call{}, fmt.Errorf("read open_how: %w", err)
+		}
+		c.Flags = uint64(how[0]) | uint64(how[1])<<8 | uint64(how[2])<<16 | uint64(how[3])<<24 |
+			uint64(how[4])<<32 | uint64(how[5])<<40 | uint64(how[6])<<48 | uint64(how[7])<<56
+	}
+	c.Path, err = readCString(mem, pathAddr)
+	if err != nil {
+		return Call{}, err
+	}
+	return c, nil
+}
+
+// parseSyscall decodes the text of /proc/<tid>/syscall:
+// "nr arg1 ... arg6 sp pc", numbers after nr in hex.
+func parseSyscall(raw []byte) (Call, error) {
+	f := strings.Fields(string(raw))
+	if len(f) < 7 {
+		return Call{}, fmt.Errorf("syscall line %q: too short", bytes.TrimSpace(raw))
+	}
+	nr, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		return Call{}, fmt.Errorf("syscall number %q: %w", f[0], err)
+	}
+	c := Call{Nr: nr}
+	for i := 0; i < 6; i++ {
+		v, err := strconv.ParseUint(strings.TrimPrefix(f[1+i], "0x"), 16, 64)
+		if err != nil {
+			return Call{}, fmt.Errorf("syscall argument %q: %w", f[1+i], err)
+		}
+		c.Args[i] = v
+	}
+	c.Open = nr == sysOpen || nr == sysOpenat || nr == sysOpenat2
+	return c, nil
+}
+
+// readCString reads a NUL-terminated string of at most PATH_MAX bytes at addr.
+// A read that runs into an unmapped page returns what came before it.
+func readCString(mem *os.File, addr uint64) (string, error) {
+	buf := make([]byte, syscall.PathMax)
+	n, err := mem.ReadAt(buf, int64(addr))
+	if n == 0 && err != nil {
+		return "", fmt.Errorf("read path at %#x: %w", addr, err)
+	}
+	i := bytes.IndexByte(buf[:n], 0)
+	if i < 0 {
+		return "", fmt.Errorf("path at %#x: no terminating NUL in %d bytes", addr, n)
+	}
+	return string(buf[:i]), nil
+}
+
+// Classify says what a LOOKUP of rel (a clean path relative to the mount,
+// the missing name being its last element) is for, given the caller's
+// syscall and the directory the filesystem is mounted on.
+func Classify(c Call, tid uint32, mountpoint, rel string) Intent {
+	if !c.Open {
+		return Other
+	}
+	target := c.Path
+	if !filepath.IsAbs(target) {
+		base, err := baseDir(tid, c.Dirfd)
+		if err != nil {
+			return Unknown
+		}
+		target = filepath.Join(base, target)
+	}
+	target = filepath.Clean(target)
+	trailingSlash := strings.HasSuffix(c.Path, "/")
+
+	role := roleOf(target, mountpoint, rel)
+	switch role {
+	case Traverse:
+		return Traverse
+	case OpenFile:
+		if trailingSlash || !readOnlyFileOpen(c.Flags) {
+			return Other
+		}
+		return OpenFile
+	}
+	return Other
+}
+
+// roleOf places rel within the caller's target path: its last component
+// (OpenFile), a directory on the way (Traverse) or neither (Other).
+func roleOf(target, mountpoint, rel string) Intent {
+	if inside, ok := strings.CutPrefix(target, mountpoint+"/"); ok {
+		if inside == rel {
+			return OpenFile
+		}
+		if strings.HasPrefix(inside, rel+"/") {
+			return Traverse
+		}
+	}
+	// The path reached us some other way (a symlink, a bind mount, a
+	// chroot). Fall back on the name alone: the last component of the
+	// target is the file, an earlier one a directory.
+	name := rel[strings.LastIndexByte(rel, '/')+1:]
+	parts := strings.Split(strings.Trim(target, "/"), "/")
+	if parts[len(parts)-1] == name {
+		return OpenFile
+	}
+	for _, p := range parts[:len(parts)-1] {
+		if p == name {
+			return Traverse
+		}
+	}
+	return Other
+}
+
+// readOnlyFileOpen reports whether open flags ask to read an existing regular
+// file: no write access, no creation or truncation, not a directory or path
+// handle.
+func readOnlyFileOpen(flags uint64) bool {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		return false
+	}
+	const refuse = syscall.O_CREAT | syscall.O_TRUNC | syscall.O_DIRECTORY | oPath | oTmpfile
+	return flags&refuse == 0
+}
+
+const (
+	oPath    = 0x200000
+	oTmpfile = 0x400000 | syscall.O_DIRECTORY
+)
+
+// baseDir is the directory a relative open path starts from.
+func baseDir(tid uint32, dirfd int32) (string, error) {
+	proc := "/proc/" + strconv.FormatUint(uint64(tid), 10)
+	if dirfd == atFDCWD {
+		return os.Readlink(proc + "/cwd")
+	}
+	if dirfd < 0 {
+		return "", fmt.Errorf("bad dirfd %d", dirfd)
+	}
+	return os.Readlink(proc + "/fd/" + strconv.Itoa(int(dirfd)))
+}
+
+// Tgid returns the process (thread group) id of thread tid.
+func Tgid(tid uint32) (uint32, error) {
+	raw, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(tid), 10) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
+			if err != nil {
+				return 0, fmt.Errorf("tgid %q: %w", v, err)
+			}
+			return uint32(n), nil
+		}
+	}
+	return 0, errors.New("no Tgid line in status")
+}
+
+// Groups returns the supplementary group ids of thread tid.
+func Groups(tid uint32) ([]uint32, error) {
+	raw, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(tid), 10) + "/status")
+	if err != nil {
+		return nil, err
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "Groups:"); ok {
+			var gids []uint32
+			for _, g := range strings.Fields(v) {
+				n, err := strconv.ParseUint(g, 10, 32)
+				if err != nil {
+					return nil, fmt.Errorf("group %q: %w", g, err)
+				}
+				gids = append(gids, uint32(n))
+			}
+			return gids, nil
+		}
+	}
+	return nil, errors.New("no Groups line in status")
+}

@@ -1,0 +1,144 @@
+package caller
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestParseSyscall(t *testing.T) {
+	c, err := parseSyscall([]byte("257 0xffffff9c 0x7ffd1234 0x0 0x0 0x0 0x0 0x7ffd0000 0x7f00000\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Nr != 257 || !c.Open || c.Args[0] != 0xffffff9c || c.Args[1] != 0x7ffd1234 {
+		t.Fatalf("parsed %+v", c)
+	}
+	if _, err := parseSyscall([]byte("running\n")); err == nil {
+		t.Fatal("parsed 'running'")
+	}
+	c, err = parseSyscall([]byte("332 0x1 0x2 0x3 0x4 0x5 0x6 0x7 0x8"))
+	if err != nil || c.Open {
+		t.Fatalf("statx parsed as %+v, %v", c, err)
+	}
+}
+
+func TestRoleOf(t *testing.T) {
+	cases := []struct {
+		target, rel string
+		want        Intent
+	}{
+		{"/mnt/dmd/run1/step7.dat", "run1", Traverse},
+		{"/mnt/dmd/run1/step7.dat", "run1/step7.dat", OpenFile},
+		{"/mnt/dmd/run2/a/b.dat", "run2/a", Traverse},
+		{"/mnt/dmd/run2/run2", "run2", Traverse},
+		{"/mnt/dmd/run2/run2", "run2/run2", OpenFile},
+		{"/mnt/dmd/x", "y", Other},
+		// Reached through a symlink elsewhere: fall back on names.
+		{"/scratch/run1/f", "run1/f", OpenFile},
+		{"/scratch/run1/f", "run1", Traverse},
+		{"/scratch/run1/f", "zzz", Other},
+	}
+	for _, tc := range cases {
+		if got := roleOf(tc.target, "/mnt/dmd", tc.rel); got != tc.want {
+			t.Errorf("roleOf(%q, %q) = %v, want %v", tc.target, tc.rel, got, tc.want)
+		}
+	}
+}
+
+func TestReadOnlyFileOpen(t *testing.T) {
+	cases := []struct {
+		flags uint64
+		want  bool
+	}{
+		{0, true},       // cat
+		{0x80000, true}, // O_RDONLY|O_CLOEXEC (python)
+		{0x941, false},  // touch: O_WRONLY|O_CREAT|O_NOCTTY|O_NONBLOCK
+		{0x800c1, false},
+		{syscall.O_RDWR, false},
+		{syscall.O_DIRECTORY, false},
+		{oPath, false},
+		{syscall.O_TRUNC, false},
+	}
+	for _, tc := range cases {
+		if got := readOnlyFileOpen(tc.flags); got != tc.want {
+			t.Errorf("readOnlyFileOpen(%#x) = %v, want %v", tc.flags, got, tc.want)
+		}
+	}
+}
+
+// TestReadCallOfBlockedOpen reads the syscall of a real process blocked in
+// openat: cat opening a FIFO nobody writes to.
+func TestReadCallOfBlockedOpen(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("cat", "fifo")
+	cmd.Dir = dir
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+
+	// cat is single-threaded: its pid is its tid. Poll until it is
+	// asleep in the open (bounded).
+	var c Call
+	var err error
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err = ReadCall(uint32(cmd.Process.Pid))
+		if err == nil && c.Open {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cat never seen in open: %+v, %v", c, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if c.Path != "fifo" || c.Dirfd != atFDCWD || !readOnlyFileOpen(c.Flags) {
+		t.Fatalf("decoded %+v, want openat(AT_FDCWD, \"fifo\", O_RDONLY)", c)
+	}
+	realDir, _ := filepath.EvalSymlinks(dir)
+	if got := Classify(c, uint32(cmd.Process.Pid), realDir, "fifo"); got != OpenFile {
+		t.Fatalf("Classify = %v, want open-file", got)
+	}
+	if got := Classify(c, uint32(cmd.Process.Pid), "/elsewhere", "nomatch"); got != Other {
+		t.Fatalf("Classify of an unrelated name = %v, want other", got)
+	}
+	tg, err := Tgid(uint32(cmd.Process.Pid))
+	if err != nil || tg != uint32(cmd.Process.Pid) {
+		t.Fatalf("Tgid = %d, %v", tg, err)
+	}
+	// Unblock cat.
+	w, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+	if err == nil {
+		w.Close()
+	}
+}
+
+func TestReadCallNotOpen(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := ReadCall(uint32(cmd.Process.Pid))
+		if err == nil && c.Nr >= 0 && !c.Open {
+			if got := Classify(c, uint32(cmd.Process.Pid), "/mnt", "x"); got != Other {
+				t.Fatalf("Classify(sleep) = %v", got)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sleep never seen asleep: %+v, %v", c, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

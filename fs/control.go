@@ -1,0 +1,174 @@
+package fs
+
+import (
+	"context"
+	"encoding/json"
+	"net/url"
+	"os"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/dyadfs/dyadfs/fs/dmd"
+	"github.com/dyadfs/dyadfs/hfl"
+)
+
+// StatusFile is the name of the status file in the control directory
+// (MOUNTPOINT/.dyadfs/status). It is JSON; `dyadfs status` formats it.
+const StatusFile = "status"
+
+// LocateDir is the control directory's view of the locator: reading
+// MOUNTPOINT/.dyadfs/locate/<path, escaped with url.PathEscape> returns, as
+// JSON, where the locator finds that path and what the global store holds
+// for it, without waiting. A path found nowhere is ENOENT.
+const LocateDir = "locate"
+
+// Located is what a file in LocateDir holds.
+type Located struct {
+	// Level is where the locator found the file first: local, cache or
+	// global; Record is what it found there.
+	Level  string     `json:"level"`
+	Record hfl.Record `json:"record"`
+	// Published is the global store's record, which other nodes see; nil
+	// when the path is not published.
+	Published *hfl.Record `json:"published,omitempty"`
+}
+
+// Status is what the status file holds.
+type Status struct {
+	Info        map[string]string `json:"info"`
+	PID         int               `json:"pid"`
+	Mountpoint  string            `json:"mountpoint"`
+	Backing     string            `json:"backing"`
+	Node        string            `json:"node"`
+	Uptime      float64           `json:"uptime_seconds"`
+	Passthrough string            `json:"passthrough"`
+	// CrashMarkers says whether files half-written when the daemon died
+	// can be detected at restart.
+	CrashMarkers bool    `json:"crash_markers"`
+	WaitTimeout  float64 `json:"wait_timeout_seconds"`
+	// ReadReleases counts closed read handles of managed files (the
+	// write handles are counted by DMD.WriteReleases).
+	ReadReleases uint64 `json:"read_releases"`
+	// Intent counts how lookups of missing names were classified.
+	Intent  map[string]uint64 `json:"lookup_intent"`
+	DMD     dmd.Stats         `json:"dmd"`
+	Locator hfl.LocatorStats  `json:"locator"`
+	Ops     map[string]OpStat `json:"ops"`
+	Errnos  map[string]uint64 `json:"errors_by_errno"`
+}
+
+// Status returns the daemon's current status.
+func (fsys *FS) Status() Status {
+	cfg := fsys.dmd.Config()
+	ops, errnos := fsys.ops.snapshot()
+	return Status{
+		Info:         fsys.cfg.Info,
+		PID:          os.Getpid(),
+		Mountpoint:   fsys.cfg.Mountpoint,
+		Backing:      cfg.Backing,
+		Node:         cfg.Node,
+		Uptime:       time.Since(fsys.started).Seconds(),
+		Passthrough:  fsys.passthrough,
+		CrashMarkers: fsys.dmd.CrashMarkers(),
+		WaitTimeout:  cfg.WaitTimeout.Seconds(),
+		ReadReleases: fsys.readReleases.Load(),
+		Intent: map[string]uint64{
+			"open_file": fsys.intent.openFile.Load(),
+			"traverse":  fsys.intent.traverse.Load(),
+			"other":     fsys.intent.other.Load(),
+			"unknown":   fsys.intent.unknown.Load(),
+		},
+		DMD:     fsys.dmd.Stats(),
+		Locator: fsys.dmd.Locator().Stats(),
+		Ops:     ops,
+		Errnos:  errnos,
+	}
+}
+
+// controlDir returns the control directory inode, made on first use.
+func (fsys *FS) controlDir(ctx context.Context) *gofs.Inode {
+	fsys.controlOnce.Do(func() {
+		dir := fsys.root.NewPersistentInode(ctx, &gofs.Inode{}, gofs.StableAttr{Mode: syscall.S_IFDIR})
+		status := fsys.root.NewPersistentInode(ctx, &jsonFile{fsys: fsys, render: func() any { return fsys.Status() }}, gofs.StableAttr{Mode: syscall.S_IFREG})
+		dir.AddChild(StatusFile, status, false)
+		locate := fsys.root.NewPersistentInode(ctx, &locateDir{fsys: fsys}, gofs.StableAttr{Mode: syscall.S_IFDIR})
+		dir.AddChild(LocateDir, locate, false)
+		fsys.control = dir
+	})
+	return fsys.control
+}
+
+// jsonFile is a read-only control file whose content, JSON, is rendered at
+// open time.
+type jsonFile struct {
+	gofs.Inode
+	fsys   *FS
+	render func() any
+}
+
+// Getattr implements gofs.NodeGetattrer.
+func (j *jsonFile) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFREG | 0o444
+	out.Nlink = 1
+	out.SetTimeout(zero)
+	return 0
+}
+
+// Open implements gofs.NodeOpener.
+func (j *jsonFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		return nil, 0, syscall.EACCES
+	}
+	data, err := json.MarshalIndent(j.render(), "", "  ")
+	if err != nil {
+		return nil, 0, j.fsys.errno("control file", "", err)
+	}
+	return &bytesHandle{data: append(data, '\n')}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+// locateDir answers lookups of escaped paths with their records.
+type locateDir struct {
+	gofs.Inode
+	fsys *FS
+}
+
+// Lookup implements gofs.NodeLookuper.
+func (l *locateDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	p, err := url.PathUnescape(name)
+	if err != nil {
+		return nil, syscall.ENOENT
+	}
+	rel, err := hfl.CleanPath(p)
+	if err != nil {
+		return nil, syscall.ENOENT
+	}
+	loc := l.fsys.dmd.Locator()
+	rec, level, err := loc.Locate(ctx, rel)
+	if err != nil {
+		return nil, l.fsys.errno("locate", rel, err)
+	}
+	located := Located{Level: level.String(), Record: rec}
+	if pub, err := loc.Published(ctx, rel); err == nil {
+		located.Published = &pub
+	}
+	out.Mode = syscall.S_IFREG | 0o444
+	out.SetEntryTimeout(zero)
+	out.SetAttrTimeout(zero)
+	return l.NewInode(ctx, &jsonFile{fsys: l.fsys, render: func() any { return located }}, gofs.StableAttr{Mode: syscall.S_IFREG}), 0
+}
+
+// bytesHandle reads a snapshot taken at open.
+type bytesHandle struct{ data []byte }
+
+var _ gofs.FileReader = (*bytesHandle)(nil)
+
+func (b *bytesHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if off >= int64(len(b.data)) {
+		return fuse.ReadResultData(nil), 0
+	}
+	end := min(off+int64(len(dest)), int64(len(b.data)))
+	return fuse.ReadResultData(b.data[off:end]), 0
+}

@@ -1,0 +1,217 @@
+package fs
+
+import (
+	"bytes"
+	"context"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/dyadfs/dyadfs/fs/dmd"
+)
+
+// reserved reports whether name in this directory is dyadfs's control
+// directory, which users cannot create, replace or remove.
+func (n *node) reserved(name string) bool { return n.isRoot() && name == dmd.InternalDir }
+
+// Mkdir implements gofs.NodeMkdirer.
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.reserved(name) {
+		return nil, syscall.EEXIST
+	}
+	ch, errno := n.LoopbackNode.Mkdir(ctx, name, mode, out)
+	if errno == 0 {
+		n.fsys.cached(out)
+	}
+	return ch, errno
+}
+
+// Mknod implements gofs.NodeMknoder.
+func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.reserved(name) {
+		return nil, syscall.EEXIST
+	}
+	ch, errno := n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)
+	if errno == 0 {
+		n.fsys.cached(out)
+		if mode&syscall.S_IFMT == syscall.S_IFREG {
+			n.fsys.dmd.Changed(ctx, n.childRel(name))
+		}
+	}
+	return ch, errno
+}
+
+// Symlink implements gofs.NodeSymlinker. Symbolic links are not published:
+// readers follow them to the files they name.
+func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.reserved(name) {
+		return nil, syscall.EEXIST
+	}
+	ch, errno := n.LoopbackNode.Symlink(ctx, target, name, out)
+	if errno == 0 {
+		n.fsys.cached(out)
+	}
+	return ch, errno
+}
+
+// Link implements gofs.NodeLinker: the new name of a complete file is
+// published.
+func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.reserved(name) {
+		return nil, syscall.EEXIST
+	}
+	ch, errno := n.LoopbackNode.Link(ctx, target, name, out)
+	if errno == 0 {
+		n.fsys.cached(out)
+		n.fsys.dmd.Changed(ctx, n.childRel(name))
+	}
+	return ch, errno
+}
+
+// Unlink implements gofs.NodeUnlinker: an unlinked file is unpublished.
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	if n.reserved(name) {
+		return syscall.EPERM
+	}
+	rel := n.childRel(name)
+	var st syscall.Stat_t
+	statErr := syscall.Lstat(n.fsys.dmd.BackingPath(rel), &st)
+	errno := n.LoopbackNode.Unlink(ctx, name)
+	if errno == 0 && statErr == nil && st.Mode&syscall.S_IFMT == syscall.S_IFREG {
+		n.fsys.dmd.Removed(ctx, rel, dmd.IDOf(&st), st.Nlink <= 1)
+	}
+	return errno
+}
+
+// Rmdir implements gofs.NodeRmdirer.
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	if n.reserved(name) {
+		return syscall.EPERM
+	}
+	return n.LoopbackNode.Rmdir(ctx, name)
+}
+
+// Rename implements gofs.NodeRenamer: records follow renamed files, and a
+// rename onto a name someone waits for (the write-then-rename pattern)
+// completes the wait.
+func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	np, ok := newParent.(*node)
+	if !ok {
+		return syscall.EXDEV
+	}
+	if n.reserved(name) || np.reserved(newName) {
+		return syscall.EPERM
+	}
+	oldRel, newRel := n.childRel(name), np.childRel(newName)
+	errno := n.LoopbackNode.Rename(ctx, name, &np.LoopbackNode, newName, flags)
+	if errno != 0 {
+		return errno
+	}
+	if flags&renameExchange != 0 {
+		n.fsys.dmd.Republish(ctx, oldRel)
+		n.fsys.dmd.Republish(ctx, newRel)
+		return 0
+	}
+	n.fsys.dmd.Renamed(ctx, oldRel, newRel)
+	return 0
+}
+
+const renameExchange = 0x2 // RENAME_EXCHANGE
+
+// OpendirHandle implements gofs.NodeOpendirHandler: the root's listing
+// hides the control directory.
+func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	fh, fuseFlags, errno := n.LoopbackNode.OpendirHandle(ctx, flags)
+	if errno != 0 || !n.isRoot() {
+		return fh, fuseFlags, errno
+	}
+	return &rootDir{fh}, fuseFlags, 0
+}
+
+// rootDir is the root's directory stream without the control directory.
+type rootDir struct{ gofs.FileHandle }
+
+var (
+	_ gofs.FileReaddirenter = (*rootDir)(nil)
+	_ gofs.FileSeekdirer    = (*rootDir)(nil)
+	_ gofs.FileReleasedirer = (*rootDir)(nil)
+	_ gofs.FileFsyncdirer   = (*rootDir)(nil)
+)
+
+func (d *rootDir) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	for {
+		de, errno := d.FileHandle.(gofs.FileReaddirenter).Readdirent(ctx)
+		if errno != 0 || de == nil || de.Name != dmd.InternalDir {
+			return de, errno
+		}
+	}
+}
+
+func (d *rootDir) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	if s, ok := d.FileHandle.(gofs.FileSeekdirer); ok {
+		return s.Seekdir(ctx, off)
+	}
+	return syscall.ENOTSUP
+}
+
+func (d *rootDir) Releasedir(ctx context.Context, flags uint32) {
+	if r, ok := d.FileHandle.(gofs.FileReleasedirer); ok {
+		r.Releasedir(ctx, flags)
+	}
+}
+
+func (d *rootDir) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
+	if s, ok := d.FileHandle.(gofs.FileFsyncdirer); ok {
+		return s.Fsyncdir(ctx, flags)
+	}
+	return 0
+}
+
+// Getxattr implements gofs.NodeGetxattrer without dyadfs's own attribute.
+func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	if dmd.IsInternalXattr(attr) {
+		return 0, syscall.ENODATA
+	}
+	return n.LoopbackNode.Getxattr(ctx, attr, dest)
+}
+
+// Setxattr implements gofs.NodeSetxattrer; dyadfs's own attribute is not
+// for users.
+func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	if dmd.IsInternalXattr(attr) {
+		return syscall.EPERM
+	}
+	return n.LoopbackNode.Setxattr(ctx, attr, data, flags)
+}
+
+// Removexattr implements gofs.NodeRemovexattrer.
+func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	if dmd.IsInternalXattr(attr) {
+		return syscall.EPERM
+	}
+	return n.LoopbackNode.Removexattr(ctx, attr)
+}
+
+// Listxattr implements gofs.NodeListxattrer without dyadfs's own attribute.
+func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	buf := make([]byte, 64<<10)
+	sz, errno := n.LoopbackNode.Listxattr(ctx, buf)
+	if errno != 0 {
+		return sz, errno
+	}
+	var out []byte
+	for _, name := range bytes.Split(buf[:sz], []byte{0}) {
+		if len(name) == 0 || dmd.IsInternalXattr(string(name)) {
+			continue
+		}
+		out = append(append(out, name...), 0)
+	}
+	if len(dest) == 0 {
+		return uint32(len(out)), 0
+	}
+	if len(out) > len(dest) {
+		return uint32(len(out)), syscall.ERANGE
+	}
+	return uint32(copy(dest, out)), 0
+}

@@ -1,0 +1,239 @@
+// Package dmd is the managed directory: the logic of dyadfs without the FUSE
+// layer. It tracks which files are being written on this node, publishes a
+// file's record when its last writer lets go, makes readers wait until a file
+// is complete, and finds missing files through the locator.
+//
+// Files are identified by their backing inode (FileID) while they are being
+// written, so that renames and hard links during a write change nothing; they
+// are identified by path when someone waits for a name that does not exist.
+package dmd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/dyadfs/dyadfs/hfl"
+)
+
+// InternalDir is the directory at the top of the backing store that holds
+// dyadfs's own state. It is hidden from the mount.
+const InternalDir = ".dyadfs"
+
+// Config is the managed directory's configuration.
+type Config struct {
+	// Backing is the absolute path of the node-local backing directory.
+	Backing string
+	// Node is this node's id; it is the owner of every record published here.
+	Node string
+	// WaitTimeout bounds every wait for a file; zero waits forever.
+	WaitTimeout time.Duration
+	// FsyncOnPublish makes the data durable before a file is published.
+	FsyncOnPublish bool
+	// SharedStorage says that every node sees the same backing storage, so
+	// a record from another node means the file is already here.
+	SharedStorage bool
+}
+
+// DefaultConfig returns the defaults; Backing and Node must still be set.
+func DefaultConfig() Config {
+	return Config{}
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if c.Backing == "" || !filepath.IsAbs(c.Backing) {
+		return fmt.Errorf("backing directory %q must be an absolute path", c.Backing)
+	}
+	if c.Node == "" {
+		return errors.New("node id must not be empty")
+	}
+	if c.WaitTimeout < 0 {
+		return fmt.Errorf("wait timeout %v must not be negative", c.WaitTimeout)
+	}
+	return nil
+}
+
+// Errors a waiting open can end with; the FUSE layer maps them to errno.
+var (
+	// ErrWaitTimeout: the wait outlasted Config.WaitTimeout (ETIMEDOUT).
+	ErrWaitTimeout = errors.New("timed out waiting for the file to be published")
+	// ErrShutdown: the filesystem is being unmounted (ENOTCONN).
+	ErrShutdown = errors.New("filesystem is shutting down")
+	// ErrNotRegular: the waited-for path exists but is not a regular file.
+	ErrNotRegular = errors.New("not a regular file")
+	// ErrNoTransport: the file lives on another node and no data transport
+	// is configured.
+	ErrNoTransport = errors.New("file is on another node and no data transport is configured")
+)
+
+// FileID names a backing inode.
+type FileID struct{ Dev, Ino uint64 }
+
+// IDOf returns the FileID of a stat result.
+func IDOf(st *syscall.Stat_t) FileID { return FileID{Dev: uint64(st.Dev), Ino: st.Ino} }
+
+// DMD is the managed directory of one node.
+type DMD struct {
+	cfg     Config
+	loc     *hfl.Locator
+	log     *slog.Logger
+	markers bool // crash markers (xattrs) are supported by the backing store
+	fetcher Fetcher
+	stats   counters
+
+	// shutdown is closed when the filesystem goes away; it ends all waits.
+	shutdown     chan struct{}
+	shutdownOnce sync.Once
+
+	mu sync.Mutex
+	// busy holds the files that readers must not see yet: being written,
+	// or left half-written by a daemon that died.
+	busy map[FileID]*writeState
+	// creating counts creates in progress per path, from before the file
+	// exists until its writer is registered.
+	creating map[string]int
+	// watches holds, per path, a channel closed at the next local change
+	// that may complete the path.
+	watches map[string]*pathWatch
+}
+
+type writeState struct {
+	writers    int
+	tids       map[uint32]int // threads that opened write handles
+	incomplete bool           // found with a crash marker at start
+	dirty      bool           // created or truncated by a writer
+	before     fileStamp      // attributes when the first writer opened it
+	haveBefore bool
+	marked     bool          // the crash marker is set on disk
+	done       chan struct{} // closed when the file stops being busy
+}
+
+type pathWatch struct {
+	ch chan struct{}
+	n  int
+}
+
+// fileStamp is what tells whether a file changed under a write handle.
+type fileStamp struct {
+	size         int64
+	mtime, ctime syscall.Timespec
+}
+
+func stampOf(st *syscall.Stat_t) fileStamp {
+	return fileStamp{size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+}
+
+// New opens the managed directory over cfg.Backing. The locator's first
+// level is set to the new DMD.
+func New(cfg Config, loc *hfl.Locator, log *slog.Logger) (*DMD, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	d := &DMD{
+		cfg:      cfg,
+		loc:      loc,
+		log:      log,
+		shutdown: make(chan struct{}),
+		busy:     make(map[FileID]*writeState),
+		creating: make(map[string]int),
+		watches:  make(map[string]*pathWatch),
+	}
+	if err := os.MkdirAll(d.internalPath(), 0o700); err != nil {
+		return nil, fmt.Errorf("create %s: %w", d.internalPath(), err)
+	}
+	d.markers = probeMarkers(d.internalPath())
+	if !d.markers {
+		log.Warn("backing store does not support user xattrs: files half-written when dyadfs dies cannot be told from complete ones", "backing", cfg.Backing)
+	}
+	loc.SetLocal(d)
+	return d, nil
+}
+
+// Config returns the configuration.
+func (d *DMD) Config() Config { return d.cfg }
+
+// Locator returns the locator.
+func (d *DMD) Locator() *hfl.Locator { return d.loc }
+
+// CrashMarkers reports whether half-written files can be detected after a crash.
+func (d *DMD) CrashMarkers() bool { return d.markers }
+
+func (d *DMD) internalPath() string { return filepath.Join(d.cfg.Backing, InternalDir) }
+
+// BackingPath returns the backing path of a clean relative path.
+func (d *DMD) BackingPath(rel string) string { return filepath.Join(d.cfg.Backing, rel) }
+
+// Shutdown ends every wait with ErrShutdown and refuses new ones.
+func (d *DMD) Shutdown() {
+	d.shutdownOnce.Do(func() { close(d.shutdown) })
+}
+
+// waitContext applies the configured wait timeout.
+func (d *DMD) waitContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d.cfg.WaitTimeout > 0 {
+		return context.WithTimeoutCause(ctx, d.cfg.WaitTimeout, ErrWaitTimeout)
+	}
+	return context.WithCancel(ctx)
+}
+
+// waitErr turns the end of a wait into the error the caller reports.
+func (d *DMD) waitErr(ctx context.Context) error {
+	select {
+	case <-d.shutdown:
+		return ErrShutdown
+	default:
+	}
+	if errors.Is(context.Cause(ctx), ErrWaitTimeout) {
+		d.stats.waitTimeouts.Add(1)
+		return ErrWaitTimeout
+	}
+	d.stats.waitInterrupts.Add(1)
+	return ctx.Err()
+}
+
+// watchPath returns a channel closed at the next local change of rel. The
+// caller must call unwatch when it stops waiting.
+func (d *DMD) watchPath(rel string) *pathWatch {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	w, ok := d.watches[rel]
+	if !ok {
+		w = &pathWatch{ch: make(chan struct{})}
+		d.watches[rel] = w
+	}
+	w.n++
+	return w
+}
+
+func (d *DMD) unwatch(rel string, w *pathWatch) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	w.n--
+	if w.n == 0 && d.watches[rel] == w {
+		delete(d.watches, rel)
+	}
+}
+
+// notifyLocked wakes the waiters of rel. d.mu must be held.
+func (d *DMD) notifyLocked(rel string) {
+	if w, ok := d.watches[rel]; ok {
+		close(w.ch)
+		delete(d.watches, rel)
+	}
+}
+
+func (d *DMD) notify(rel string) {
+	d.mu.Lock()
+	d.notifyLocked(rel)
+	d.mu.Unlock()
+}

@@ -1,0 +1,342 @@
+package dmd
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dyadfs/dyadfs/hfl"
+)
+
+type fixture struct {
+	t     *testing.T
+	d     *DMD
+	store *hfl.EmbeddedStore
+	dir   string
+}
+
+func newFixture(t *testing.T, mod func(*Config)) *fixture {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := DefaultConfig()
+	cfg.Backing = dir
+	cfg.Node = "n1"
+	if mod != nil {
+		mod(&cfg)
+	}
+	store := hfl.NewEmbeddedStore()
+	t.Cleanup(func() { store.Close() })
+	loc := hfl.NewLocator(hfl.DefaultLocatorConfig(), store, nil)
+	d, err := New(cfg, loc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Shutdown)
+	return &fixture{t: t, d: d, store: store, dir: cfg.Backing}
+}
+
+func (fx *fixture) ctx() context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	fx.t.Cleanup(cancel)
+	return ctx
+}
+
+// create does what the FUSE layer does for open(O_CREAT|O_WRONLY): it
+// returns the writer and the open backing file.
+func (fx *fixture) create(rel string) (*Writer, *os.File) {
+	fx.t.Helper()
+	fx.d.BeginCreate(rel)
+	defer fx.d.EndCreate(rel)
+	p := filepath.Join(fx.dir, rel)
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		fx.t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	syscall.Fstat(int(f.Fd()), &st)
+	w := fx.d.BeginWrite(IDOf(&st), 1, true)
+	w.Opened(int(f.Fd()))
+	return w, f
+}
+
+func (fx *fixture) openWrite(rel string, flags int) (*Writer, *os.File) {
+	fx.t.Helper()
+	p := filepath.Join(fx.dir, rel)
+	var st syscall.Stat_t
+	if err := syscall.Stat(p, &st); err != nil {
+		fx.t.Fatal(err)
+	}
+	w := fx.d.BeginWrite(IDOf(&st), 1, flags&os.O_TRUNC != 0)
+	f, err := os.OpenFile(p, flags, 0)
+	if err != nil {
+		w.Abort()
+		fx.t.Fatal(err)
+	}
+	w.Opened(int(f.Fd()))
+	return w, f
+}
+
+func (fx *fixture) end(w *Writer, f *os.File, rel string) {
+	fx.t.Helper()
+	if err := w.End(fx.ctx(), int(f.Fd()), rel); err != nil {
+		fx.t.Fatalf("End: %v", err)
+	}
+	f.Close()
+}
+
+func (fx *fixture) record(rel string) (hfl.Record, error) {
+	return fx.store.Lookup(context.Background(), fx.d.loc.Key(rel))
+}
+
+func TestPublishOnLastRelease(t *testing.T) {
+	fx := newFixture(t, nil)
+	w1, f1 := fx.create("a/b.dat")
+	w2, f2 := fx.openWrite("a/b.dat", os.O_WRONLY)
+	f1.WriteString("hello ")
+	fx.end(w1, f1, "a/b.dat")
+	if _, err := fx.record("a/b.dat"); !errors.Is(err, hfl.ErrNotFound) {
+		t.Fatalf("published while a writer is left: %v", err)
+	}
+	if _, ok := fx.d.LocalRecord("a/b.dat"); ok {
+		t.Fatal("file complete while a writer is left")
+	}
+	f2.WriteAt([]byte("world"), 6)
+	fx.end(w2, f2, "a/b.dat")
+	rec, err := fx.record("a/b.dat")
+	if err != nil {
+		t.Fatalf("not published after the last writer: %v", err)
+	}
+	if rec.Size != 11 || rec.Owner != "n1" || rec.Path != "a/b.dat" || rec.Mode&0o777 != 0o644 || rec.Generation == 0 {
+		t.Fatalf("record %+v", rec)
+	}
+	if hasMarker(filepath.Join(fx.dir, "a/b.dat")) {
+		t.Fatal("crash marker left on a published file")
+	}
+}
+
+func TestUnchangedWriterDoesNotRepublish(t *testing.T) {
+	fx := newFixture(t, nil)
+	w, f := fx.create("x")
+	f.WriteString("data")
+	fx.end(w, f, "x")
+	first, _ := fx.record("x")
+	w, f = fx.openWrite("x", os.O_RDWR)
+	buf := make([]byte, 4)
+	f.ReadAt(buf, 0)
+	fx.end(w, f, "x")
+	again, _ := fx.record("x")
+	if again.Generation != first.Generation {
+		t.Fatalf("read through a write handle republished: generation %d -> %d", first.Generation, again.Generation)
+	}
+	w, f = fx.openWrite("x", os.O_RDWR)
+	f.WriteAt([]byte("DATA"), 0)
+	fx.end(w, f, "x")
+	changed, _ := fx.record("x")
+	if changed.Generation <= first.Generation {
+		t.Fatalf("same-size rewrite not republished")
+	}
+}
+
+func TestUnlinkedWhileOpenNotPublished(t *testing.T) {
+	fx := newFixture(t, nil)
+	w, f := fx.create("gone")
+	os.Remove(filepath.Join(fx.dir, "gone"))
+	fx.end(w, f, "gone")
+	if _, err := fx.record("gone"); !errors.Is(err, hfl.ErrNotFound) {
+		t.Fatalf("unlinked file published: %v", err)
+	}
+	if n := fx.d.Stats().BusyFiles; n != 0 {
+		t.Fatalf("%d files still busy", n)
+	}
+}
+
+func TestWaitCompleteBlocksUntilRelease(t *testing.T) {
+	fx := newFixture(t, nil)
+	w, f := fx.create("f")
+	var st syscall.Stat_t
+	f.WriteString("partial")
+	syscall.Fstat(int(f.Fd()), &st)
+	done := make(chan error, 1)
+	go func() { done <- fx.d.WaitComplete(fx.ctx(), IDOf(&st), 0) }()
+	f.WriteString(" and the rest")
+	fx.end(w, f, "f")
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// Nothing busy: returns at once.
+	if err := fx.d.WaitComplete(fx.ctx(), IDOf(&st), 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWaitCompleteSameProcessDoesNotWait(t *testing.T) {
+	fx := newFixture(t, nil)
+	fx.d.BeginCreate("f")
+	p := filepath.Join(fx.dir, "f")
+	f, _ := os.Create(p)
+	var st syscall.Stat_t
+	syscall.Fstat(int(f.Fd()), &st)
+	self := uint32(syscall.Gettid())
+	w := fx.d.BeginWrite(IDOf(&st), self, true)
+	fx.d.EndCreate("f")
+	w.Opened(int(f.Fd()))
+	// Another thread of this process asks: it must not wait for itself.
+	if err := fx.d.WaitComplete(fx.ctx(), IDOf(&st), uint32(os.Getpid())); err != nil {
+		t.Fatal(err)
+	}
+	fx.end(w, f, "f")
+}
+
+func TestWaitPathUntilPublished(t *testing.T) {
+	fx := newFixture(t, nil)
+	type res struct {
+		p       string
+		content string
+		err     error
+	}
+	got := make(chan res, 1)
+	go func() {
+		p, err := fx.d.WaitPath(fx.ctx(), "run2/a/b.dat")
+		var c []byte
+		if err == nil {
+			c, err = os.ReadFile(p)
+		}
+		got <- res{p, string(c), err}
+	}()
+	w, f := fx.create("run2/a/b.dat")
+	for i := 0; i < 100; i++ {
+		f.WriteString("0123456789")
+	}
+	fx.end(w, f, "run2/a/b.dat")
+	r := <-got
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if len(r.content) != 1000 {
+		t.Fatalf("waiter read %d bytes, want the complete 1000", len(r.content))
+	}
+}
+
+func TestWaitPathTimeoutInterruptShutdown(t *testing.T) {
+	fx := newFixture(t, func(c *Config) { c.WaitTimeout = 20 * time.Millisecond })
+	if _, err := fx.d.WaitPath(fx.ctx(), "never"); !errors.Is(err, ErrWaitTimeout) {
+		t.Fatalf("timeout: got %v", err)
+	}
+	fx2 := newFixture(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { _, err := fx2.d.WaitPath(ctx, "never"); errc <- err }()
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("interrupt: got %v", err)
+	}
+	go func() { _, err := fx2.d.WaitPath(context.Background(), "never"); errc <- err }()
+	fx2.d.Shutdown()
+	if err := <-errc; !errors.Is(err, ErrShutdown) {
+		t.Fatalf("shutdown: got %v", err)
+	}
+	st := fx.d.Stats()
+	if st.WaitTimeouts != 1 || st.OpensWaited != 1 || st.Waiting != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestWaitPathOtherNodeWithoutTransport(t *testing.T) {
+	fx := newFixture(t, nil)
+	fx.d.loc.Publish(fx.ctx(), hfl.Record{Path: "remote", Owner: "n2", Size: 3})
+	if _, err := fx.d.WaitPath(fx.ctx(), "remote"); !errors.Is(err, ErrNoTransport) {
+		t.Fatalf("got %v, want ErrNoTransport", err)
+	}
+}
+
+func TestScanRepublishesAndHoldsIncomplete(t *testing.T) {
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "d"), 0o755)
+	os.WriteFile(filepath.Join(dir, "d/done"), []byte("complete"), 0o644)
+	os.WriteFile(filepath.Join(dir, "half"), []byte("hal"), 0o644)
+	fx := newFixture(t, func(c *Config) { c.Backing = dir })
+	if !fx.d.markers {
+		t.Skip("backing filesystem has no user xattrs; crash markers are off")
+	}
+	setMarker(int(mustOpen(t, filepath.Join(dir, "half")).Fd()))
+	res, err := fx.d.Scan(fx.ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Published != 1 || res.Incomplete != 1 {
+		t.Fatalf("scan %+v, want 1 published and 1 incomplete", res)
+	}
+	if _, err := fx.record("d/done"); err != nil {
+		t.Fatalf("complete file not republished: %v", err)
+	}
+	if _, ok := fx.d.LocalRecord("half"); ok {
+		t.Fatal("half-written file looks complete")
+	}
+	// Writing it again publishes it.
+	w, f := fx.openWrite("half", os.O_WRONLY|os.O_APPEND)
+	f.WriteString("f")
+	fx.end(w, f, "half")
+	if rec, err := fx.record("half"); err != nil || rec.Size != 4 {
+		t.Fatalf("rewritten file: %+v %v", rec, err)
+	}
+}
+
+func mustOpen(t *testing.T, p string) *os.File {
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func TestRenameMovesRecords(t *testing.T) {
+	fx := newFixture(t, nil)
+	for _, rel := range []string{"dir/a", "dir/sub/b", "tmpfile"} {
+		w, f := fx.create(rel)
+		f.WriteString(rel)
+		fx.end(w, f, rel)
+	}
+	os.Rename(filepath.Join(fx.dir, "tmpfile"), filepath.Join(fx.dir, "final"))
+	fx.d.Renamed(fx.ctx(), "tmpfile", "final")
+	os.Rename(filepath.Join(fx.dir, "dir"), filepath.Join(fx.dir, "moved"))
+	fx.d.Renamed(fx.ctx(), "dir", "moved")
+	for _, gone := range []string{"tmpfile", "dir/a", "dir/sub/b"} {
+		if _, err := fx.record(gone); !errors.Is(err, hfl.ErrNotFound) {
+			t.Errorf("old name %s still published: %v", gone, err)
+		}
+	}
+	for _, here := range []string{"final", "moved/a", "moved/sub/b"} {
+		if _, err := fx.record(here); err != nil {
+			t.Errorf("new name %s not published: %v", here, err)
+		}
+	}
+}
+
+func TestRemovedUnpublishes(t *testing.T) {
+	fx := newFixture(t, nil)
+	w, f := fx.create("r")
+	var st syscall.Stat_t
+	syscall.Fstat(int(f.Fd()), &st)
+	fx.end(w, f, "r")
+	os.Remove(filepath.Join(fx.dir, "r"))
+	fx.d.Removed(fx.ctx(), "r", IDOf(&st), true)
+	if _, err := fx.record("r"); !errors.Is(err, hfl.ErrNotFound) {
+		t.Fatalf("unlinked file still published: %v", err)
+	}
+}
+
+func TestFsyncOnPublish(t *testing.T) {
+	fx := newFixture(t, func(c *Config) { c.FsyncOnPublish = true })
+	w, f := fx.create("durable")
+	f.WriteString("x")
+	fx.end(w, f, "durable")
+	if _, err := fx.record("durable"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,79 @@
+package dmd
+
+import (
+	"context"
+	"io/fs"
+	"path"
+	"path/filepath"
+)
+
+// Removed is called after rel was unlinked. Its record is withdrawn; if the
+// inode id has no name left, a half-written state it had is forgotten.
+func (d *DMD) Removed(ctx context.Context, rel string, id FileID, lastName bool) {
+	if lastName {
+		d.mu.Lock()
+		if ws := d.busy[id]; ws != nil && ws.writers == 0 {
+			delete(d.busy, id)
+			close(ws.done)
+		}
+		d.mu.Unlock()
+	}
+	d.unpublish(ctx, rel)
+}
+
+// Renamed is called after oldRel was renamed to newRel. The records follow
+// the files: every complete file under the new name is published there and
+// withdrawn from the old one. A file still being written is published under
+// its new name by its last writer.
+func (d *DMD) Renamed(ctx context.Context, oldRel, newRel string) {
+	d.eachFile(newRel, func(sub string) {
+		d.unpublish(ctx, path.Join(oldRel, sub))
+		d.Changed(ctx, path.Join(newRel, sub))
+	})
+}
+
+// Republish publishes every complete file at or under rel, for example after
+// two names were exchanged.
+func (d *DMD) Republish(ctx context.Context, rel string) {
+	d.eachFile(rel, func(sub string) { d.Changed(ctx, path.Join(rel, sub)) })
+}
+
+// eachFile calls fn with the path, relative to rel, of every regular file at
+// or under rel in the backing store ("" when rel itself is the file).
+func (d *DMD) eachFile(rel string, fn func(sub string)) {
+	root := d.BackingPath(rel)
+	filepath.WalkDir(root, func(p string, e fs.DirEntry, err error) error {
+		if err != nil || !e.Type().IsRegular() {
+			return nil
+		}
+		sub, err := filepath.Rel(root, p)
+		if err != nil {
+			return nil
+		}
+		if sub == "." {
+			sub = ""
+		}
+		fn(filepath.ToSlash(sub))
+		return nil
+	})
+}
+
+// Changed is called when rel became complete or changed without a write
+// handle (a rename or link onto it, a chmod, a truncate by path). If the
+// file is complete it is published again, and waiters for rel look again.
+func (d *DMD) Changed(ctx context.Context, rel string) {
+	rec, ok := d.LocalRecord(rel)
+	d.notify(rel)
+	if !ok {
+		return
+	}
+	d.publish(ctx, rec)
+}
+
+func (d *DMD) unpublish(ctx context.Context, rel string) {
+	if err := d.loc.Unpublish(ctx, rel, d.cfg.Node); err != nil {
+		d.log.Warn("unpublish failed", "path", rel, "err", err)
+		return
+	}
+	d.stats.unpublishes.Add(1)
+}

@@ -1,0 +1,91 @@
+package dmd
+
+import (
+	"context"
+	"io/fs"
+	"path/filepath"
+	"sync"
+	"syscall"
+)
+
+// scanWorkers bounds the concurrent publishes of the start-up scan (they
+// are round trips when the store is remote).
+const scanWorkers = 16
+
+// ScanResult says what the start-up scan found.
+type ScanResult struct {
+	Published  int `json:"published"`
+	Incomplete int `json:"incomplete"`
+}
+
+// Scan walks the backing store once, before the filesystem serves requests.
+// Complete files are published again, so that a restarted daemon loses
+// nothing. Files still carrying a crash marker were being written when the
+// previous daemon died: they stay unpublished and readers wait until they are
+// written again.
+func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
+	var res ScanResult
+	var mu sync.Mutex
+	work := make(chan string)
+	var wg sync.WaitGroup
+	for i := 0; i < scanWorkers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for rel := range work {
+				rec, ok := d.LocalRecord(rel)
+				if !ok {
+					continue
+				}
+				if d.publish(ctx, rec) == nil {
+					mu.Lock()
+					res.Published++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+
+	err := filepath.WalkDir(d.cfg.Backing, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			d.log.Warn("scan: cannot read", "path", p, "err", err)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		rel, _ := filepath.Rel(d.cfg.Backing, p)
+		if e.IsDir() && rel == InternalDir {
+			return filepath.SkipDir
+		}
+		if !e.Type().IsRegular() {
+			return nil
+		}
+		rel = filepath.ToSlash(rel)
+		if d.markers && hasMarker(p) {
+			var st syscall.Stat_t
+			if err := syscall.Lstat(p, &st); err == nil {
+				d.holdIncomplete(IDOf(&st))
+				res.Incomplete++
+				d.log.Warn("file was being written when dyadfs stopped: not published until it is written again", "path", rel)
+			}
+			return nil
+		}
+		work <- rel
+		return nil
+	})
+	close(work)
+	wg.Wait()
+	d.stats.scanPublished.Add(uint64(res.Published))
+	d.stats.scanIncomplete.Add(uint64(res.Incomplete))
+	return res, err
+}
+
+// holdIncomplete makes readers of id wait until it is written again.
+func (d *DMD) holdIncomplete(id FileID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.busy[id] == nil {
+		d.busy[id] = &writeState{tids: make(map[uint32]int), done: make(chan struct{}), incomplete: true, marked: true}
+	}
+}

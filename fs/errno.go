@@ -1,0 +1,37 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"syscall"
+
+	"github.com/dyadfs/dyadfs/fs/dmd"
+	"github.com/dyadfs/dyadfs/hfl"
+)
+
+// errno maps an error from the managed directory to the errno a FUSE caller
+// sees. Expected outcomes map silently; anything else is EIO with one log
+// line naming the cause.
+func (fsys *FS) errno(op, rel string, err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var errno syscall.Errno
+	switch {
+	case errors.Is(err, dmd.ErrWaitTimeout), errors.Is(err, context.DeadlineExceeded):
+		return syscall.ETIMEDOUT
+	case errors.Is(err, dmd.ErrShutdown):
+		return syscall.ENOTCONN
+	case errors.Is(err, context.Canceled):
+		return syscall.EINTR
+	case errors.Is(err, dmd.ErrNotRegular):
+		return syscall.EISDIR
+	case errors.Is(err, hfl.ErrNotFound), errors.Is(err, fs.ErrNotExist):
+		return syscall.ENOENT
+	case errors.As(err, &errno):
+		return errno
+	}
+	fsys.log.Error(op+" failed", "path", rel, "err", err)
+	return syscall.EIO
+}

@@ -1,0 +1,207 @@
+// Package fs is the FUSE face of dyadfs: a go-fuse loopback over the
+// node-local backing store whose Open, Create, Release and namespace
+// operations call into the managed directory (package dmd), which holds the
+// logic of waiting, publishing and fetching.
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/dyadfs/dyadfs/fs/dmd"
+)
+
+// Config is the FUSE layer's configuration.
+type Config struct {
+	// Mountpoint is the absolute, symlink-free path of the mount.
+	Mountpoint string
+	// CacheTTL is how long the kernel may cache entries and attributes of
+	// files and directories that exist. Only dyadfs changes them, and it
+	// tells the kernel when it does; missing names and files being waited
+	// for are never cached.
+	CacheTTL time.Duration
+	// Passthrough lets the kernel read and write backing files directly
+	// (FUSE passthrough) where the kernel and privileges allow.
+	Passthrough bool
+	// AllowOther lets users other than the mounter use the mount.
+	AllowOther bool
+	// Options are extra mount options (-o).
+	Options []string
+	// Debug logs every FUSE request.
+	Debug bool
+	// Info is static information shown in the status file (version, store,
+	// log file, ...).
+	Info map[string]string
+}
+
+// DefaultConfig returns the defaults; Mountpoint must still be set.
+func DefaultConfig() Config {
+	return Config{CacheTTL: time.Hour, Passthrough: true}
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if c.Mountpoint == "" || !filepath.IsAbs(c.Mountpoint) {
+		return fmt.Errorf("mountpoint %q must be an absolute path", c.Mountpoint)
+	}
+	if c.CacheTTL < 0 {
+		return fmt.Errorf("cache ttl %v must not be negative", c.CacheTTL)
+	}
+	return nil
+}
+
+// FS is a mounted dyadfs.
+type FS struct {
+	cfg    Config
+	dmd    *dmd.DMD
+	log    *slog.Logger
+	server *fuse.Server
+	root   *node
+	ops    *opStats
+	intent intentStats
+	// readReleases counts released read handles of managed files.
+	readReleases atomic.Uint64
+
+	started     time.Time
+	passthrough string // "on", or "off: why"
+	detached    chan struct{}
+
+	controlOnce sync.Once
+	control     *gofs.Inode
+}
+
+// Mount mounts the managed directory d at cfg.Mountpoint and starts serving.
+// It returns once the kernel has acknowledged the mount.
+func Mount(cfg Config, d *dmd.DMD, log *slog.Logger) (*FS, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	fsys := &FS{cfg: cfg, dmd: d, log: log, ops: newOpStats(), started: time.Now(), detached: make(chan struct{})}
+	root, err := fsys.newRoot()
+	if err != nil {
+		return nil, err
+	}
+	fsys.root = root
+
+	opts := fsys.mountOptions()
+	raw := newCountingFS(gofs.NewNodeFS(root, opts), fsys.ops)
+	server, err := fuse.NewServer(raw, cfg.Mountpoint, &opts.MountOptions)
+	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", cfg.Mountpoint, err)
+	}
+	go server.Serve()
+	if err := server.WaitMount(); err != nil {
+		server.Unmount()
+		return nil, fmt.Errorf("mount %s: %w", cfg.Mountpoint, err)
+	}
+	fsys.server = server
+	fsys.passthrough = fsys.probePassthrough()
+	log.Info("mounted", "mountpoint", cfg.Mountpoint, "backing", d.Config().Backing, "passthrough", fsys.passthrough)
+	go fsys.watchDetach()
+	return fsys, nil
+}
+
+// Wait blocks until the filesystem is unmounted.
+func (fsys *FS) Wait() { fsys.server.Wait() }
+
+// Unmount ends every wait and unmounts. When files are still open it
+// detaches the mount lazily: it disappears at once and the daemon keeps
+// serving open files until they are closed.
+func (fsys *FS) Unmount() error {
+	fsys.dmd.Shutdown()
+	err := fsys.server.Unmount()
+	if err == nil {
+		return nil
+	}
+	fsys.log.Info("mount busy; detaching lazily", "err", err)
+	if lerr := lazyUnmount(fsys.cfg.Mountpoint); lerr != nil {
+		return errors.Join(err, lerr)
+	}
+	return nil
+}
+
+// Detached is closed when the mount vanished from the mount table (for
+// example after `fusermount3 -u -z`), before the kernel let the daemon go.
+func (fsys *FS) Detached() <-chan struct{} { return fsys.detached }
+
+// probePassthrough tells whether the kernel accepts backing files for
+// passthrough, and if not, why.
+func (fsys *FS) probePassthrough() string {
+	if !fsys.cfg.Passthrough {
+		return "off: disabled by --passthrough=false"
+	}
+	if fsys.server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH == 0 {
+		return "off: the kernel does not offer FUSE passthrough (Linux 6.9 or later needed)"
+	}
+	f, err := os.CreateTemp(filepath.Join(fsys.dmd.Config().Backing, dmd.InternalDir), "passthrough-probe-*")
+	if err != nil {
+		return fmt.Sprintf("off: cannot create a probe file: %v", err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	id, errno := fsys.server.RegisterBackingFd(&fuse.BackingMap{Fd: int32(f.Fd())})
+	if errno != 0 {
+		if errno == syscall.EPERM {
+			return "off: registering backing files needs CAP_SYS_ADMIN (run dyadfs as root)"
+		}
+		return fmt.Sprintf("off: the kernel refused a backing file: %v", errno)
+	}
+	fsys.server.UnregisterBackingFd(id)
+	return "on"
+}
+
+func (fsys *FS) mountOptions() *gofs.Options {
+	opts := &gofs.Options{
+		// No default timeouts: existing entries get CacheTTL explicitly;
+		// missing names and pending files must stay uncached.
+		NullPermissions: true,
+		// go-fuse's own diagnostics (orphaned inode paths and the like)
+		// are expected under unlink-while-open; keep them at debug.
+		Logger: slog.NewLogLogger(fsys.log.Handler(), slog.LevelDebug),
+	}
+	opts.MountOptions = fuse.MountOptions{
+		FsName:     "dyadfs",
+		Name:       "dyadfs",
+		AllowOther: fsys.cfg.AllowOther,
+		// The daemon runs as root and opens files for every user: let
+		// the kernel check permissions against the files' modes.
+		Options:  append([]string{"default_permissions"}, fsys.cfg.Options...),
+		Debug:    fsys.cfg.Debug,
+		Logger:   slog.NewLogLogger(fsys.log.Handler(), slog.LevelDebug),
+		MaxWrite: 1 << 20,
+	}
+	if !fsys.cfg.Passthrough {
+		opts.MountOptions.DisabledCapabilities |= fuse.CAP_PASSTHROUGH
+	}
+	return opts
+}
+
+func (fsys *FS) newRoot() (*node, error) {
+	backing := fsys.dmd.Config().Backing
+	var st syscall.Stat_t
+	if err := syscall.Stat(backing, &st); err != nil {
+		return nil, fmt.Errorf("backing directory: %w", err)
+	}
+	data := &gofs.LoopbackRoot{Path: backing, Dev: uint64(st.Dev)}
+	// NewNode is deprecated in favour of NodeWrapChilder, but only NewNode
+	// is handed the backing stat, whose inode identifies a file's writers.
+	data.NewNode = func(rd *gofs.LoopbackRoot, _ *gofs.Inode, _ string, st *syscall.Stat_t) gofs.InodeEmbedder {
+		return &node{LoopbackNode: gofs.LoopbackNode{RootData: rd}, fsys: fsys, id: dmd.IDOf(st)}
+	}
+	root := &node{LoopbackNode: gofs.LoopbackNode{RootData: data}, fsys: fsys, id: dmd.IDOf(&st)}
+	data.RootNode = root
+	return root, nil
+}

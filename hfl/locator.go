@@ -1,0 +1,239 @@
+package hfl
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// Level says where the locator found a record.
+type Level int
+
+const (
+	// LevelLocal: the file is complete in this node's backing store.
+	LevelLocal Level = iota
+	// LevelCache: this daemon's cache of records held it.
+	LevelCache
+	// LevelGlobal: the global metadata store held it.
+	LevelGlobal
+	numLevels
+)
+
+func (l Level) String() string {
+	switch l {
+	case LevelLocal:
+		return "local"
+	case LevelCache:
+		return "cache"
+	case LevelGlobal:
+		return "global"
+	}
+	return fmt.Sprintf("level(%d)", int(l))
+}
+
+// LocalIndex answers the first level: is the file complete here?
+type LocalIndex interface {
+	LocalRecord(path string) (Record, bool)
+}
+
+// LocatorConfig shapes the locator.
+type LocatorConfig struct {
+	// Namespace scopes every key, so that jobs sharing a store never see
+	// each other's files.
+	Namespace string
+	// KeyDepth and KeyBins shape the hashed hierarchical key (DYAD's
+	// DYAD_KEY_DEPTH and DYAD_KEY_BINS).
+	KeyDepth int
+	KeyBins  int
+	// CacheSize bounds the number of records cached by this daemon.
+	CacheSize int
+}
+
+// DefaultLocatorConfig returns the defaults.
+func DefaultLocatorConfig() LocatorConfig {
+	return LocatorConfig{Namespace: "dyadfs", KeyDepth: DefaultKeyDepth, KeyBins: DefaultKeyBins, CacheSize: 65536}
+}
+
+// Validate checks the configuration.
+func (c LocatorConfig) Validate() error {
+	if c.Namespace == "" {
+		return errors.New("namespace must not be empty")
+	}
+	if err := ValidateKeyShape(c.KeyDepth, c.KeyBins); err != nil {
+		return err
+	}
+	if c.CacheSize < 0 {
+		return fmt.Errorf("cache size %d must not be negative", c.CacheSize)
+	}
+	return nil
+}
+
+// LocatorStats counts lookups answered at each level and misses.
+type LocatorStats struct {
+	Hits   map[string]uint64 `json:"hits"`
+	Misses uint64            `json:"misses"`
+	Cached int               `json:"cached_records"`
+}
+
+// Locator finds files through the three levels and publishes records.
+type Locator struct {
+	cfg   LocatorConfig
+	store Store
+	local LocalIndex
+	cache *recordCache
+
+	hits   [numLevels]atomic.Uint64
+	misses atomic.Uint64
+}
+
+// NewLocator returns a locator over store; local may be nil.
+func NewLocator(cfg LocatorConfig, store Store, local LocalIndex) *Locator {
+	return &Locator{cfg: cfg, store: store, local: local, cache: newRecordCache(cfg.CacheSize)}
+}
+
+// SetLocal sets the first level; it must be called before the locator is used.
+func (l *Locator) SetLocal(local LocalIndex) { l.local = local }
+
+// Key returns the store key of a clean relative path: the job namespace,
+// then DYAD's hashed hierarchical key of the path.
+func (l *Locator) Key(path string) string {
+	return l.cfg.Namespace + "/" + DYADKey(path, l.cfg.KeyDepth, l.cfg.KeyBins)
+}
+
+// Publish records rec in the global store and the cache, and returns it with
+// its new generation.
+func (l *Locator) Publish(ctx context.Context, rec Record) (Record, error) {
+	out, err := l.store.Publish(ctx, l.Key(rec.Path), rec)
+	if err != nil {
+		return Record{}, fmt.Errorf("publish %s: %w", rec.Path, err)
+	}
+	l.cache.put(out)
+	return out, nil
+}
+
+// Unpublish removes owner's record of path.
+func (l *Locator) Unpublish(ctx context.Context, path, owner string) error {
+	l.cache.remove(path)
+	err := l.store.Remove(ctx, l.Key(path), owner)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("unpublish %s: %w", path, err)
+	}
+	return nil
+}
+
+// Locate searches the three levels in order and returns the first record
+// found, or ErrNotFound.
+func (l *Locator) Locate(ctx context.Context, path string) (Record, Level, error) {
+	if l.local != nil {
+		if rec, ok := l.local.LocalRecord(path); ok {
+			l.hits[LevelLocal].Add(1)
+			return rec, LevelLocal, nil
+		}
+	}
+	if rec, ok := l.cache.get(path); ok {
+		l.hits[LevelCache].Add(1)
+		return rec, LevelCache, nil
+	}
+	rec, err := l.store.Lookup(ctx, l.Key(path))
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			l.misses.Add(1)
+		}
+		return Record{}, LevelGlobal, err
+	}
+	l.hits[LevelGlobal].Add(1)
+	l.cache.put(rec)
+	return rec, LevelGlobal, nil
+}
+
+// Wait blocks until the global store holds a record of path newer than
+// generation after, and returns it.
+func (l *Locator) Wait(ctx context.Context, path string, after uint64) (Record, error) {
+	rec, err := l.store.Wait(ctx, l.Key(path), after)
+	if err != nil {
+		return Record{}, err
+	}
+	l.cache.put(rec)
+	return rec, nil
+}
+
+// Published returns the global store's record of path, bypassing the first
+// two levels: what other nodes would find.
+func (l *Locator) Published(ctx context.Context, path string) (Record, error) {
+	return l.store.Lookup(ctx, l.Key(path))
+}
+
+// Forget drops path from the cache, for example after its owner refused it.
+func (l *Locator) Forget(path string) { l.cache.remove(path) }
+
+// Stats returns the level counters.
+func (l *Locator) Stats() LocatorStats {
+	s := LocatorStats{Hits: make(map[string]uint64, numLevels), Misses: l.misses.Load(), Cached: l.cache.len()}
+	for lv := Level(0); lv < numLevels; lv++ {
+		s.Hits[lv.String()] = l.hits[lv].Load()
+	}
+	return s
+}
+
+// recordCache is a bounded LRU of records keyed by path.
+type recordCache struct {
+	mu    sync.Mutex
+	max   int
+	order *list.List // front: most recently used
+	byKey map[string]*list.Element
+}
+
+func newRecordCache(max int) *recordCache {
+	return &recordCache{max: max, order: list.New(), byKey: make(map[string]*list.Element)}
+}
+
+func (c *recordCache) get(path string) (Record, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.byKey[path]
+	if !ok {
+		return Record{}, false
+	}
+	c.order.MoveToFront(e)
+	return e.Value.(Record), true
+}
+
+func (c *recordCache) put(rec Record) {
+	if c.max == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.byKey[rec.Path]; ok {
+		// Never let an older generation replace a newer one.
+		if e.Value.(Record).Generation <= rec.Generation {
+			e.Value = rec
+		}
+		c.order.MoveToFront(e)
+		return
+	}
+	c.byKey[rec.Path] = c.order.PushFront(rec)
+	for c.order.Len() > c.max {
+		last := c.order.Back()
+		c.order.Remove(last)
+		delete(c.byKey, last.Value.(Record).Path)
+	}
+}
+
+func (c *recordCache) remove(path string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.byKey[path]; ok {
+		c.order.Remove(e)
+		delete(c.byKey, path)
+	}
+}
+
+func (c *recordCache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.order.Len()
+}

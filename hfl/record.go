@@ -1,0 +1,60 @@
+// Package hfl is the Hierarchical File Locator: it answers "where is the
+// complete copy of this file?" by looking in this node's managed directory,
+// then in this daemon's cache of records, then in the global metadata store.
+//
+// The metadata store is an interface (Store) with one implementation per
+// backend, chosen by URL. Records are versioned: the store assigns every
+// publish of a key a generation larger than any before it, so a waiter can ask
+// for "anything newer than what I saw" and never miss an update.
+package hfl
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+)
+
+// Record is what a producer publishes about a complete file.
+type Record struct {
+	// Path is the file's path relative to the managed directory,
+	// slash-separated and clean (see CleanPath).
+	Path string `json:"path"`
+	// Owner is the node id of the daemon whose backing store holds the file.
+	Owner string `json:"owner"`
+	// Size, Mode and MtimeNs are the file's attributes at publish time.
+	Size    int64  `json:"size"`
+	Mode    uint32 `json:"mode"`
+	MtimeNs int64  `json:"mtime_ns"`
+	// Generation is assigned by the store on publish; it grows with every
+	// publish of the same key and is never reused.
+	Generation uint64 `json:"gen"`
+}
+
+// ErrNotFound means the store holds no record under the key.
+var ErrNotFound = errors.New("no such record")
+
+// ErrClosed means the store was closed while the call was in progress.
+var ErrClosed = errors.New("metadata store closed")
+
+// ErrBadPath means a path cannot name a file in the managed directory.
+var ErrBadPath = errors.New("path is not inside the managed directory")
+
+// CleanPath turns a user-supplied relative path into the canonical form used
+// in records and keys: slash-separated, no leading slash, no "." or ".."
+// elements. Paths that would leave the managed directory are refused.
+func CleanPath(p string) (string, error) {
+	if p == "" || strings.HasPrefix(p, "/") || strings.ContainsRune(p, 0) {
+		return "", fmt.Errorf("%q: %w", p, ErrBadPath)
+	}
+	for _, elem := range strings.Split(p, "/") {
+		if elem == ".." {
+			return "", fmt.Errorf("%q: %w", p, ErrBadPath)
+		}
+	}
+	c := path.Clean(p)
+	if c == "." {
+		return "", fmt.Errorf("%q: %w", p, ErrBadPath)
+	}
+	return c, nil
+}

@@ -1,0 +1,77 @@
+package hfl
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// Store is the global metadata store: a key-value map of Records with
+// versioned updates and blocking waits. Keys are opaque to the store; the
+// Locator builds them. Every backend passes the kvtest conformance suite.
+type Store interface {
+	// Publish stores rec under key and returns it with the generation the
+	// store assigned, which is larger than that of any earlier publish of key.
+	Publish(ctx context.Context, key string, rec Record) (Record, error)
+	// Lookup returns the record under key, or ErrNotFound.
+	Lookup(ctx context.Context, key string) (Record, error)
+	// Wait blocks until the store holds a record under key whose generation
+	// is larger than after (after == 0: any record) and returns it. It ends
+	// with ctx's error when ctx is done.
+	Wait(ctx context.Context, key string, after uint64) (Record, error)
+	// Remove deletes the record under key if its owner is owner (any owner
+	// when owner is empty). It returns ErrNotFound when there is no such
+	// record, and nil without deleting when the record belongs to another
+	// owner: a newer publish from elsewhere wins over an older unlink.
+	Remove(ctx context.Context, key, owner string) error
+	// Close releases the store's resources; pending waits end with ErrClosed.
+	Close() error
+}
+
+// EmbeddedURL names the in-process store used on a single node.
+const EmbeddedURL = "embedded://"
+
+// storeSpec is a parsed store URL.
+type storeSpec struct {
+	scheme string // backend name
+	addr   string // backend-specific address, after "scheme://"
+}
+
+// parseStoreURL checks a store URL's form without connecting. An empty URL
+// means the embedded store.
+func parseStoreURL(raw string) (storeSpec, error) {
+	scheme, addr, found := strings.Cut(raw, "://")
+	if !found {
+		scheme, addr = raw, ""
+	}
+	spec := storeSpec{scheme: strings.ToLower(scheme), addr: addr}
+	switch spec.scheme {
+	case "", "embedded":
+		if addr != "" {
+			return spec, fmt.Errorf("metadata store %q: the embedded store takes no address (use %s)", raw, EmbeddedURL)
+		}
+		spec.scheme = "embedded"
+		return spec, nil
+	default:
+		return spec, fmt.Errorf("metadata store %q: unknown scheme %q (want %s)", raw, spec.scheme, EmbeddedURL)
+	}
+}
+
+// ValidateStoreURL reports whether rawURL names a known backend in a valid form.
+func ValidateStoreURL(rawURL string) error {
+	_, err := parseStoreURL(rawURL)
+	return err
+}
+
+// OpenStore opens the store named by rawURL.
+func OpenStore(ctx context.Context, rawURL string) (Store, error) {
+	spec, err := parseStoreURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	switch spec.scheme {
+	case "embedded":
+		return NewEmbeddedStore(), nil
+	}
+	return nil, fmt.Errorf("metadata store %q: no backend for scheme %q", rawURL, spec.scheme)
+}

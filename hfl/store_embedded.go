@@ -1,0 +1,152 @@
+package hfl
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// EmbeddedStore is the in-process metadata store used when dyadfs runs on a
+// single node. It lives as long as the daemon; on restart the daemon
+// republishes what its backing store holds.
+type EmbeddedStore struct {
+	mu      sync.Mutex
+	records map[string]Record
+	// waiters holds, per key, a channel closed at the next publish of the
+	// key, and how many waits use it (so that abandoned waits leave nothing).
+	waiters map[string]*keyWaiters
+	lastGen uint64
+	closed  chan struct{}
+	once    sync.Once
+}
+
+// NewEmbeddedStore returns an empty store. Generations start from the wall
+// clock in nanoseconds so that they keep growing across daemon restarts.
+func NewEmbeddedStore() *EmbeddedStore {
+	return &EmbeddedStore{
+		records: make(map[string]Record),
+		waiters: make(map[string]*keyWaiters),
+		lastGen: uint64(time.Now().UnixNano()),
+		closed:  make(chan struct{}),
+	}
+}
+
+func (s *EmbeddedStore) isClosed() bool {
+	select {
+	case <-s.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// Publish implements Store.
+func (s *EmbeddedStore) Publish(ctx context.Context, key string, rec Record) (Record, error) {
+	if s.isClosed() {
+		return Record{}, ErrClosed
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lastGen++
+	rec.Generation = s.lastGen
+	s.records[key] = rec
+	if w, ok := s.waiters[key]; ok {
+		close(w.ch)
+		delete(s.waiters, key)
+	}
+	return rec, nil
+}
+
+// Lookup implements Store.
+func (s *EmbeddedStore) Lookup(ctx context.Context, key string) (Record, error) {
+	if s.isClosed() {
+		return Record{}, ErrClosed
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec, ok := s.records[key]
+	if !ok {
+		return Record{}, ErrNotFound
+	}
+	return rec, nil
+}
+
+// Wait implements Store.
+func (s *EmbeddedStore) Wait(ctx context.Context, key string, after uint64) (Record, error) {
+	for {
+		s.mu.Lock()
+		if rec, ok := s.records[key]; ok && rec.Generation > after {
+			s.mu.Unlock()
+			return rec, nil
+		}
+		w, ok := s.waiters[key]
+		if !ok {
+			w = &keyWaiters{ch: make(chan struct{})}
+			s.waiters[key] = w
+		}
+		w.n++
+		s.mu.Unlock()
+
+		var err error
+		select {
+		case <-w.ch:
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-s.closed:
+			err = ErrClosed
+		}
+		s.mu.Lock()
+		w.n--
+		if w.n == 0 && s.waiters[key] == w {
+			delete(s.waiters, key)
+		}
+		s.mu.Unlock()
+		if err != nil {
+			return Record{}, err
+		}
+	}
+}
+
+type keyWaiters struct {
+	ch chan struct{}
+	n  int
+}
+
+// waitersLen reports how many keys have waiters; tests use it to check that
+// abandoned waits leave nothing behind.
+func (s *EmbeddedStore) waitersLen() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.waiters)
+}
+
+// Remove implements Store.
+func (s *EmbeddedStore) Remove(ctx context.Context, key, owner string) error {
+	if s.isClosed() {
+		return ErrClosed
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec, ok := s.records[key]
+	if !ok {
+		return ErrNotFound
+	}
+	if owner != "" && rec.Owner != owner {
+		return nil
+	}
+	delete(s.records, key)
+	return nil
+}
+
+// Len returns the number of records held.
+func (s *EmbeddedStore) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.records)
+}
+
+// Close implements Store.
+func (s *EmbeddedStore) Close() error {
+	s.once.Do(func() { close(s.closed) })
+	return nil
+}

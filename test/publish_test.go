@@ -1,0 +1,170 @@
+package test
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/dyadfs/dyadfs/fs"
+)
+
+// releases is how many handles of managed files the daemon has released.
+// close(2) returns before the kernel's RELEASE is handled, so tests that
+// check what a release did wait for this count.
+func (m *mount) releases() uint64 {
+	st := m.status()
+	return st.ReadReleases + st.DMD.WriteReleases
+}
+
+func (m *mount) waitReleases(n uint64) {
+	m.t.Helper()
+	m.waitStatus(fmt.Sprintf("%d releases", n), func(st fs.Status) bool { return st.ReadReleases+st.DMD.WriteReleases >= n })
+}
+
+// TestPublishOnLastWriterRelease: the record appears when the last of two
+// writers lets go, and it says what the file is.
+func TestPublishOnLastWriterRelease(t *testing.T) {
+	m := newMount(t)
+	before := m.releases()
+	done, stdin := startCmd(t, m.mnt, nil, "python3", "-c", `
+import sys
+a = open("data.bin", "wb")
+b = open("data.bin", "r+b")
+a.write(b"x" * 1000)
+a.close()
+print("first closed", flush=True)
+sys.stdin.readline()
+b.seek(1000)
+b.write(b"y" * 24)
+b.close()
+`)
+	// After the first close has been released, nothing is published.
+	m.waitReleases(before + 1)
+	if rec, ok := m.published("data.bin"); ok {
+		t.Fatalf("published while a writer still holds the file: %+v", rec)
+	}
+	fmt.Fprintln(stdin, "go")
+	stdin.Close()
+	if r := within(t, "writer", bound, done); r.err != nil {
+		t.Fatal(r)
+	}
+	rec := m.waitPublished("data.bin", 0)
+	st, err := os.Stat(m.path("data.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Path != "data.bin" || rec.Owner != m.node || rec.Size != 1024 ||
+		rec.Mode != uint32(st.Mode().Perm())|0o100000 || rec.MtimeNs != st.ModTime().UnixNano() || rec.Generation == 0 {
+		t.Fatalf("record %+v does not describe the file (size 1024, mode %o, mtime %d)", rec, st.Mode().Perm(), st.ModTime().UnixNano())
+	}
+}
+
+// TestReadingDoesNotRepublish: reads, and write opens that change nothing,
+// leave the record as it was; a real change publishes a newer generation.
+func TestReadingDoesNotRepublish(t *testing.T) {
+	m := newMount(t)
+	mustSh(t, m.mnt, "echo content > f")
+	first := m.waitPublished("f", 0)
+	before := m.releases()
+	mustSh(t, m.mnt, "cat f >/dev/null; cat f >/dev/null; dd if=f of=/dev/null status=none")
+	if r := python(t, m.mnt, `open("f", "rb").read(); open("f", "r+b").read()`); r.err != nil {
+		t.Fatal(r)
+	}
+	m.waitReleases(before + 5)
+	if rec, _ := m.published("f"); rec.Generation != first.Generation {
+		t.Fatalf("reading republished f: generation %d -> %d", first.Generation, rec.Generation)
+	}
+	if n := m.status().DMD.Publishes; n != 1 {
+		t.Fatalf("%d publishes, want 1", n)
+	}
+	mustSh(t, m.mnt, "echo more >> f")
+	if rec := m.waitPublished("f", first.Generation); rec.Size != int64(len("content\nmore\n")) {
+		t.Fatalf("republished record %+v", rec)
+	}
+}
+
+// TestUnlinkUnpublishes: rm withdraws the record.
+func TestUnlinkUnpublishes(t *testing.T) {
+	m := newMount(t)
+	mustSh(t, m.mnt, "echo x > gone")
+	m.waitPublished("gone", 0)
+	mustSh(t, m.mnt, "rm gone")
+	if rec, ok := m.published("gone"); ok {
+		t.Fatalf("unlinked file still published: %+v", rec)
+	}
+	if n := m.status().DMD.Unpublishes; n != 1 {
+		t.Fatalf("%d unpublishes, want 1", n)
+	}
+}
+
+// TestRenameMovesRecord: the write-then-rename pattern publishes the final
+// name and wakes a reader waiting for it; the temporary name is withdrawn.
+func TestRenameMovesRecord(t *testing.T) {
+	m := newMount(t)
+	reader := start(t, m.mnt, "cat", "final.dat")
+	m.waitStatus("reader waiting", func(st fs.Status) bool { return st.DMD.Waiting == 1 })
+	mustSh(t, m.mnt, "echo whole > final.tmp && mv final.tmp final.dat")
+	r := within(t, "waiting cat", bound, reader)
+	if r.err != nil || r.stdout != "whole\n" {
+		t.Fatalf("cat: %v", r)
+	}
+	m.waitPublished("final.dat", 0)
+	if _, ok := m.published("final.tmp"); ok {
+		t.Fatal("temporary name still published after the rename")
+	}
+	mustSh(t, m.mnt, "mkdir -p d/sub && echo a > d/sub/a && mv d moved")
+	m.waitPublished("moved/sub/a", 0)
+	if _, ok := m.published("d/sub/a"); ok {
+		t.Fatal("file under a renamed directory still published under the old name")
+	}
+}
+
+// TestFsyncOnPublish: with the durability option (flag or DYAD_FSYNC_WRITE)
+// data is fsynced before the file is published.
+func TestFsyncOnPublish(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		env   []string
+		flags []string
+	}{
+		{"flag", nil, []string{"--fsync-on-publish"}},
+		{"env", []string{"DYAD_FSYNC_WRITE=1"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newMountEnv(t, tc.env, tc.flags...)
+			mustSh(t, m.mnt, "echo durable > d1 && echo durable > d2")
+			m.waitPublished("d2", 0)
+			m.waitPublished("d1", 0)
+			if n := m.status().DMD.Fsyncs; n != 2 {
+				t.Fatalf("%d fsyncs before publish, want 2", n)
+			}
+		})
+	}
+	m := newMount(t)
+	mustSh(t, m.mnt, "echo not-durable > d")
+	m.waitPublished("d", 0)
+	if n := m.status().DMD.Fsyncs; n != 0 {
+		t.Fatalf("%d fsyncs without the option", n)
+	}
+}
+
+// TestStatusCommand: `dyadfs status` shows the counters users need.
+func TestStatusCommand(t *testing.T) {
+	m := newMount(t)
+	mustSh(t, m.mnt, "echo a > a")
+	m.waitPublished("a", 0)
+	out, err := dyadfs(t, "status", m.mnt)
+	if err != nil {
+		t.Fatalf("dyadfs status: %v\n%s", err, out)
+	}
+	for _, want := range []string{"opens waited", "publishes", "passthrough", "hits local", "errors by errno"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status output lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = dyadfs(t, "status", "--json", m.mnt)
+	if err != nil || !strings.Contains(out, `"publishes": 1`) {
+		t.Fatalf("status --json: %v\n%s", err, out)
+	}
+}

@@ -1,0 +1,264 @@
+package test
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dyadfs/dyadfs/fs"
+)
+
+// quick bounds operations that must not wait at all; if one takes this
+// long it is blocked behind a waiting reader.
+const quick = 10 * time.Second
+
+func waiting(n int) func(fs.Status) bool {
+	return func(st fs.Status) bool { return st.DMD.Waiting >= n }
+}
+
+// TestReaderBlocksWhileWriterHoldsFile (point 3): a reader that opens a
+// file still open for writing on this node waits for the writer's release
+// and then reads the complete file.
+func TestReaderBlocksWhileWriterHoldsFile(t *testing.T) {
+	m := newMount(t)
+	writer, stdin := startCmd(t, m.mnt, nil, "python3", "-c", `
+import sys
+f = open("step7.dat", "w")
+f.write("first half;")
+f.flush()
+print("half", flush=True)
+sys.stdin.readline()
+f.write("second half")
+f.close()
+`)
+	m.waitStatus("writer registered", func(st fs.Status) bool { return st.DMD.BusyFiles == 1 })
+	before := m.status().DMD.OpensWaited
+	cat := start(t, m.mnt, "cat", "step7.dat")
+	dd := start(t, m.mnt, "dd", "if=step7.dat", "status=none")
+	m.waitStatus("readers waiting", func(st fs.Status) bool { return st.DMD.OpensWaited >= before+2 })
+	if !notYet(cat) || !notYet(dd) {
+		t.Fatal("a reader finished while the writer still held the file")
+	}
+	fmt.Fprintln(stdin, "go")
+	stdin.Close()
+	if r := within(t, "writer", bound, writer); r.err != nil {
+		t.Fatal(r)
+	}
+	for name, ch := range map[string]<-chan result{"cat": cat, "dd": dd} {
+		r := within(t, name, bound, ch)
+		if r.err != nil || r.stdout != "first half;second half" {
+			t.Fatalf("%s read %v, want the complete file", name, r)
+		}
+	}
+}
+
+// TestOpenWaitsForPublish (point 4): read-only opens of a path that does
+// not exist yet, even below directories that do not exist yet, wait until
+// it is published, whatever program does the open. (cp is not among them:
+// it stats its source first, and stat of a missing path is ENOENT at once.
+// `dyadfs wait` covers such tools.)
+func TestOpenWaitsForPublish(t *testing.T) {
+	m := newMount(t)
+	out := t.TempDir()
+	readers := map[string]<-chan result{
+		"cat":         start(t, m.mnt, "cat", "run2/a/b.dat"),
+		"dd":          start(t, m.mnt, "dd", "if=run2/a/b.dat", "status=none"),
+		"python":      start(t, m.mnt, "python3", "-c", `import sys; sys.stdout.write(open("run2/a/b.dat").read())`),
+		"sh":          start(t, m.mnt, "sh", "-c", "read line < run2/a/b.dat; echo \"$line\""),
+		"dyadfs wait": start(t, m.mnt, "sh", "-ec", dyadfsBin+" wait run2/a/b.dat && cp run2/a/b.dat "+out+"/copy && cat "+out+"/copy"),
+	}
+	m.waitStatus("all readers waiting", func(st fs.Status) bool { return st.DMD.OpensWaited >= uint64(len(readers)) })
+	for name, ch := range readers {
+		if !notYet(ch) {
+			t.Fatalf("%s finished before the file existed: %v", name, <-ch)
+		}
+	}
+	mustSh(t, m.mnt, "mkdir -p run2/a && printf 'the payload\\n' > run2/a/b.dat")
+	for name, ch := range readers {
+		r := within(t, name, bound, ch)
+		if r.err != nil {
+			t.Fatalf("%s: %v", name, r)
+		}
+		if r.stdout != "the payload\n" {
+			t.Fatalf("%s read %q", name, r.stdout)
+		}
+	}
+	if b, err := os.ReadFile(out + "/copy"); err != nil || string(b) != "the payload\n" {
+		t.Fatalf("cp copied %q, %v", b, err)
+	}
+}
+
+// TestWaitTimeout: --wait-timeout bounds the wait; the open fails with
+// ETIMEDOUT.
+func TestWaitTimeout(t *testing.T) {
+	m := newMount(t, "--wait-timeout", "300ms")
+	r := run(t, m.mnt, "cat", "never/there.dat")
+	if r.err == nil || !strings.Contains(r.stderr, "Connection timed out") {
+		t.Fatalf("cat of a never-published file: %v, want ETIMEDOUT", r)
+	}
+	if n := m.status().DMD.WaitTimeouts; n != 1 {
+		t.Fatalf("%d timeouts counted, want 1", n)
+	}
+}
+
+// openHelper starts the test binary's helper that opens path with a SIGUSR1
+// handler installed and reports the errno.
+func openHelper(t *testing.T, dir, path string) (*exec.Cmd, *bufio.Reader) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], path)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), helperEnv+"=open")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	r := bufio.NewReader(stdout)
+	if line, _ := r.ReadString('\n'); line != "ready\n" {
+		t.Fatalf("helper said %q", line)
+	}
+	return cmd, r
+}
+
+func readLine(t *testing.T, r *bufio.Reader) string {
+	t.Helper()
+	ch := make(chan string, 1)
+	go func() {
+		line, _ := r.ReadString('\n')
+		ch <- strings.TrimSpace(line)
+	}()
+	return within(t, "helper output", bound, ch)
+}
+
+// TestSignalInterruptsWait: a signal ends a waiting open with EINTR.
+func TestSignalInterruptsWait(t *testing.T) {
+	m := newMount(t)
+	cmd, out := openHelper(t, m.mnt, "missing.dat")
+	m.waitStatus("helper waiting", waiting(1))
+	cmd.Process.Signal(syscall.SIGUSR1)
+	if got := readLine(t, out); got != syscall.EINTR.Error() {
+		t.Fatalf("interrupted open: %q, want %q", got, syscall.EINTR.Error())
+	}
+	if n := m.status().DMD.WaitInterrupts; n != 1 {
+		t.Fatalf("%d interrupts counted, want 1", n)
+	}
+}
+
+// TestLazyUnmountEndsWaits: unmounting ends every wait (ENOTCONN) and the
+// daemon exits.
+func TestLazyUnmountEndsWaits(t *testing.T) {
+	m := newMount(t)
+	cat := start(t, m.mnt, "cat", "a/missing")
+	cmd, out := openHelper(t, m.mnt, "b/missing")
+	m.waitStatus("readers waiting", waiting(2))
+	if o, err := exec.Command("fusermount3", "-u", "-z", m.mnt).CombinedOutput(); err != nil {
+		t.Fatalf("fusermount3 -u -z: %v %s", err, o)
+	}
+	if got := readLine(t, out); got != syscall.ENOTCONN.Error() {
+		t.Fatalf("open during unmount: %q, want %q", got, syscall.ENOTCONN.Error())
+	}
+	cmd.Wait()
+	if r := within(t, "cat", bound, cat); r.err == nil {
+		t.Fatalf("cat succeeded after unmount: %v", r)
+	}
+	if !waitExit(m.pid, bound) {
+		t.Fatalf("daemon still running after the lazy unmount")
+	}
+	m.pid = 0
+}
+
+// TestSigtermUnmounts: SIGTERM to the daemon ends waits and unmounts.
+func TestSigtermUnmounts(t *testing.T) {
+	m := newMount(t)
+	cat := start(t, m.mnt, "cat", "missing")
+	m.waitStatus("reader waiting", waiting(1))
+	syscall.Kill(m.pid, syscall.SIGTERM)
+	if r := within(t, "cat", bound, cat); r.err == nil {
+		t.Fatalf("cat succeeded after SIGTERM: %v", r)
+	}
+	if !waitExit(m.pid, bound) {
+		t.Fatal("daemon still running after SIGTERM")
+	}
+	m.pid = 0
+	if isMounted(m.mnt) {
+		t.Fatal("still mounted after SIGTERM")
+	}
+}
+
+// TestWaitingBlocksNothingElse (point 5): while readers wait for missing
+// paths in a directory, everything else in that directory answers at once:
+// stat and test -e say ENOENT, creates (O_CREAT, O_CREAT|O_EXCL), mkdir,
+// rename, link and ls work, and a producer on the same node creates the
+// very file the reader waits for.
+func TestWaitingBlocksNothingElse(t *testing.T) {
+	m := newMount(t)
+	mustSh(t, m.mnt, "mkdir run1")
+	reader := start(t, m.mnt, "cat", "run1/step7.dat")
+	deep := start(t, m.mnt, "cat", "run1/later/deep.dat")
+	m.waitStatus("readers waiting", waiting(2))
+
+	steps := []struct{ name, script string }{
+		{"stat", "! stat run1/step7.dat 2>/dev/null"},
+		{"test -e", "! test -e run1/step7.dat && ! test -e run1/later"},
+		{"touch (O_CREAT)", "touch run1/new1"},
+		{"O_CREAT|O_EXCL", `python3 -c 'import os; os.close(os.open("run1/new2", os.O_CREAT|os.O_EXCL|os.O_WRONLY))'`},
+		{"mkdir", "mkdir run1/d"},
+		{"rename", "mv run1/new1 run1/renamed"},
+		{"link", "ln run1/renamed run1/hard"},
+		{"ls", "ls run1 >/dev/null"},
+		{"create another file", "echo other > run1/other.dat"},
+	}
+	for _, s := range steps {
+		r := within(t, s.name, quick, start(t, m.mnt, "sh", "-ec", s.script))
+		if r.err != nil {
+			t.Fatalf("%s while a reader waits: %v", s.name, r)
+		}
+		if !notYet(reader) {
+			t.Fatalf("the reader stopped waiting after %s: %v", s.name, <-reader)
+		}
+	}
+	got := mustSh(t, m.mnt, "ls run1 | sort | tr '\\n' ' '")
+	if got != "d hard new2 other.dat renamed " {
+		t.Fatalf("ls run1 = %q", got)
+	}
+	// The producer writes the awaited file in that same directory.
+	r := within(t, "producer", quick, start(t, m.mnt, "sh", "-ec", "echo produced > run1/step7.dat"))
+	if r.err != nil {
+		t.Fatal(r)
+	}
+	if r := within(t, "reader", bound, reader); r.err != nil || r.stdout != "produced\n" {
+		t.Fatalf("reader: %v", r)
+	}
+	mustSh(t, m.mnt, "mkdir run1/later && echo deep > run1/later/deep.dat")
+	if r := within(t, "deep reader", bound, deep); r.err != nil || r.stdout != "deep\n" {
+		t.Fatalf("deep reader: %v", r)
+	}
+}
+
+// TestWaitingReaderIsNotAFile: while a reader waits, the path looks absent
+// to everyone else (no placeholder leaks into stat or listings).
+func TestWaitingReaderIsNotAFile(t *testing.T) {
+	m := newMount(t)
+	reader := start(t, m.mnt, "cat", "ghost")
+	m.waitStatus("reader waiting", waiting(1))
+	for i := 0; i < 20; i++ {
+		if _, err := os.Stat(m.path("ghost")); !os.IsNotExist(err) {
+			t.Fatalf("stat of a waited-for path: %v, want ENOENT", err)
+		}
+	}
+	if entries, _ := os.ReadDir(m.mnt); len(entries) != 0 {
+		t.Fatalf("root lists %v while only a reader waits", entries)
+	}
+	mustSh(t, m.mnt, "echo boo > ghost")
+	if r := within(t, "reader", bound, reader); r.stdout != "boo\n" {
+		t.Fatalf("reader: %v", r)
+	}
+}
