@@ -11,6 +11,7 @@ import (
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/dyadfs/dyadfs/fs/caller"
 	"github.com/dyadfs/dyadfs/fs/dmd"
 	"github.com/dyadfs/dyadfs/hfl"
 )
@@ -80,6 +81,8 @@ func (fsys *FS) Status() Status {
 			"traverse":  fsys.intent.traverse.Load(),
 			"other":     fsys.intent.other.Load(),
 			"unknown":   fsys.intent.unknown.Load(),
+			// Times /proc said the caller was still running.
+			"proc_retries": caller.Retries.Load(),
 		},
 		DMD:     fsys.dmd.Stats(),
 		Locator: fsys.dmd.Locator().Stats(),

@@ -33,6 +33,9 @@ type Config struct {
 	// Passthrough lets the kernel read and write backing files directly
 	// (FUSE passthrough) where the kernel and privileges allow.
 	Passthrough bool
+	// Xattrs serves extended attributes. Off, xattr calls fail with
+	// EOPNOTSUPP and every write saves a round trip.
+	Xattrs bool
 	// AllowOther lets users other than the mounter use the mount.
 	AllowOther bool
 	// Options are extra mount options (-o).
@@ -172,16 +175,26 @@ func (fsys *FS) mountOptions() *gofs.Options {
 		// are expected under unlink-while-open; keep them at debug.
 		Logger: slog.NewLogLogger(fsys.log.Handler(), slog.LevelDebug),
 	}
+	var options []string
+	if fsys.cfg.AllowOther {
+		// Other users reach files the daemon opens as root: let the
+		// kernel check permissions against the files' modes. It costs a
+		// GETATTR of the directory after each create, so it is only on
+		// when other users can use the mount at all.
+		options = append(options, "default_permissions")
+	}
 	opts.MountOptions = fuse.MountOptions{
 		FsName:     "dyadfs",
 		Name:       "dyadfs",
 		AllowOther: fsys.cfg.AllowOther,
-		// The daemon runs as root and opens files for every user: let
-		// the kernel check permissions against the files' modes.
-		Options:  append([]string{"default_permissions"}, fsys.cfg.Options...),
-		Debug:    fsys.cfg.Debug,
-		Logger:   slog.NewLogLogger(fsys.log.Handler(), slog.LevelDebug),
-		MaxWrite: 1 << 20,
+		Options:    append(options, fsys.cfg.Options...),
+		Debug:      fsys.cfg.Debug,
+		Logger:     slog.NewLogLogger(fsys.log.Handler(), slog.LevelDebug),
+		MaxWrite:   1 << 20,
+		// Without extended attributes the kernel stops asking for
+		// security.capability before every write (and ls -l for ACLs):
+		// one round trip less per small-file write.
+		DisableXAttrs: !fsys.cfg.Xattrs,
 	}
 	if !fsys.cfg.Passthrough {
 		opts.MountOptions.DisabledCapabilities |= fuse.CAP_PASSTHROUGH

@@ -175,7 +175,7 @@ func (m *mount) waitStatus(what string, cond func(fs.Status) bool) {
 // unmount unmounts with fusermount3 and waits for the daemon to exit.
 func (m *mount) unmount() {
 	m.t.Helper()
-	if out, err := exec.Command("fusermount3", "-u", m.mnt).CombinedOutput(); err != nil {
+	if out, err := runOut("fusermount3", "-u", m.mnt); err != nil {
 		m.t.Fatalf("fusermount3 -u: %v: %s", err, out)
 	}
 	if !waitExit(m.pid, bound) {
@@ -229,6 +229,14 @@ func isMounted(dir string) bool {
 		}
 	}
 	return false
+}
+
+// runOut runs a command, bounded, and returns its combined output.
+func runOut(name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	return string(out), err
 }
 
 // dyadfs runs the dyadfs binary and returns its combined output.

@@ -25,6 +25,7 @@ type mountConfig struct {
 	Foreground bool
 	LogLevel   slog.Level
 	LogFile    string
+	CPUProfile string
 
 	DMD     dmd.Config
 	FS      fs.Config
@@ -109,10 +110,13 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 	f.StringSliceVarP(&v.options, "options", "o", nil, "FUSE mount `OPTIONS`, comma-separated (allow_other, ...)")
 	f.DurationVar(&c.FS.CacheTTL, "cache-ttl", c.FS.CacheTTL, "how long the kernel caches entries and attributes of existing files")
 	f.BoolVar(&c.FS.Passthrough, "passthrough", c.FS.Passthrough, "let the kernel read and write backing files directly (FUSE passthrough) where it can")
+	f.BoolVar(&c.FS.Xattrs, "xattrs", c.FS.Xattrs, "serve extended attributes (costs a round trip per write: the kernel checks security.capability)")
 	f.BoolVarP(&c.Foreground, "foreground", "f", false, "stay attached and log to stderr instead of running as a daemon")
 	f.StringVar(&v.logLevel, "log-level", v.logLevel, "log `LEVEL`: debug, info, warn, error")
 	f.StringVar(&c.LogFile, "log-file", "", "daemon log `FILE` (default: /tmp/dyadfs-<mountpoint>.log; stderr with --foreground)")
 	f.BoolVar(&c.FS.Debug, "debug-fuse", false, "log every FUSE request (very verbose)")
+	f.StringVar(&c.CPUProfile, "cpu-profile", "", "write a Go CPU profile of the daemon to `FILE` until unmount (for developers)")
+	f.MarkHidden("cpu-profile")
 	return f, v
 }
 

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -267,6 +268,13 @@ func serve(c *mountConfig, ready func(error)) (err error) {
 		return fail(exitMountFailed, err.Error())
 	}
 	ready(nil)
+	if c.CPUProfile != "" {
+		if f, err := os.Create(c.CPUProfile); err == nil {
+			pprof.StartCPUProfile(f)
+			defer f.Close()
+			defer pprof.StopCPUProfile()
+		}
+	}
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)

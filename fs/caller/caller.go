@@ -17,12 +17,15 @@ package caller
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -67,39 +70,50 @@ type Call struct {
 
 const atFDCWD = -100
 
-// readRetries bounds how long we wait for the calling thread to fall asleep:
-// the daemon can read the request before the caller has left the CPU, and
-// /proc then says "running".
+// The daemon can read a request before its caller has left the CPU;
+// /proc then says "running". The caller is about to sleep, so yield a few
+// times before sleeping, and give up after about a millisecond.
 const (
-	readRetries = 200
-	retryPause  = 25 * time.Microsecond
+	yieldRetries = 50
+	sleepRetries = 40
+	retryPause   = 25 * time.Microsecond
 )
+
+// Retries counts reads of /proc/<tid>/syscall that found the thread still
+// running and had to look again.
+var Retries atomic.Uint64
 
 // errRunning means the thread was on a CPU every time we looked.
 var errRunning = errors.New("thread still running")
 
-// ReadCall decodes the syscall thread tid is blocked in. For opens it also
-// reads the path and flags from the thread's memory.
+// ReadCall decodes the syscall thread tid is blocked in. For read-only
+// opens it also reads the path (and, for openat2, the flags) from the
+// thread's memory.
 func ReadCall(tid uint32) (Call, error) {
 	if tid == 0 {
 		return Call{}, errors.New("request from the kernel or another pid namespace")
 	}
+	var buf [256]byte
 	var raw []byte
-	var err error
-	name := "/proc/" + strconv.FormatUint(uint64(tid), 10) + "/syscall"
-	for i := 0; i < readRetries; i++ {
-		raw, err = os.ReadFile(name)
+	for i := 0; ; i++ {
+		n, err := procFiles.read(tid, "syscall", buf[:], 0)
 		if err != nil {
 			return Call{}, err
 		}
+		raw = buf[:n]
 		if !bytes.HasPrefix(raw, []byte("running")) {
 			break
 		}
-		err = errRunning
-		time.Sleep(retryPause)
-	}
-	if err != nil {
-		return Call{}, err
+		Retries.Add(1)
+		switch {
+		case i < yieldRetries:
+			runtime.Gosched()
+			syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+		case i < yieldRetries+sleepRetries:
+			time.Sleep(retryPause)
+		default:
+			return Call{}, errRunning
+		}
 	}
 	c, err := parseSyscall(raw)
 	if err != nil {
@@ -108,11 +122,6 @@ func ReadCall(tid uint32) (Call, error) {
 	if !c.Open {
 		return c, nil
 	}
-	mem, err := os.Open("/proc/" + strconv.FormatUint(uint64(tid), 10) + "/mem")
-	if err != nil {
-		return Call{}, err
-	}
-	defer mem.Close()
 	var pathAddr uint64
 	switch c.Nr {
 	case sysOpen:
@@ -123,13 +132,17 @@ func ReadCall(tid uint32) (Call, error) {
 		pathAddr, c.Dirfd = c.Args[1], int32(c.Args[0])
 		// struct open_how starts with the u64 flags.
 		var how [8]byte
-		if _, err := mem.ReadAt(how[:], int64(c.Args[2])); err != nil {
+		if _, err := procFiles.read(tid, "mem", how[:], int64(c.Args[2])); err != nil {
 			return Call{}, fmt.Errorf("read open_how: %w", err)
 		}
-		c.Flags = uint64(how[0]) | uint64(how[1])<<8 | uint64(how[2])<<16 | uint64(how[3])<<24 |
-			uint64(how[4])<<32 | uint64(how[5])<<40 | uint64(how[6])<<48 | uint64(how[7])<<56
+		c.Flags = binary.LittleEndian.Uint64(how[:])
 	}
-	c.Path, err = readCString(mem, pathAddr)
+	if !readOnlyFileOpen(c.Flags) {
+		// Creating or writing: a missing component means ENOENT (or a
+		// create) wherever it is in the path. No need to read the path.
+		return c, nil
+	}
+	c.Path, err = readCString(tid, pathAddr)
 	if err != nil {
 		return Call{}, err
 	}
@@ -159,11 +172,12 @@ func parseSyscall(raw []byte) (Call, error) {
 	return c, nil
 }
 
-// readCString reads a NUL-terminated string of at most PATH_MAX bytes at addr.
-// A read that runs into an unmapped page returns what came before it.
-func readCString(mem *os.File, addr uint64) (string, error) {
+// readCString reads a NUL-terminated string of at most PATH_MAX bytes at
+// addr in thread tid's memory. A read that runs into an unmapped page
+// returns what came before it.
+func readCString(tid uint32, addr uint64) (string, error) {
 	buf := make([]byte, syscall.PathMax)
-	n, err := mem.ReadAt(buf, int64(addr))
+	n, err := procFiles.read(tid, "mem", buf, int64(addr))
 	if n == 0 && err != nil {
 		return "", fmt.Errorf("read path at %#x: %w", addr, err)
 	}
@@ -178,7 +192,9 @@ func readCString(mem *os.File, addr uint64) (string, error) {
 // the missing name being its last element) is for, given the caller's
 // syscall and the directory the filesystem is mounted on.
 func Classify(c Call, tid uint32, mountpoint, rel string) Intent {
-	if !c.Open {
+	if !c.Open || !readOnlyFileOpen(c.Flags) {
+		// Only read-only opens wait. A create or write open of a path
+		// with a missing directory fails with ENOENT anyway.
 		return Other
 	}
 	target := c.Path
@@ -193,16 +209,10 @@ func Classify(c Call, tid uint32, mountpoint, rel string) Intent {
 	trailingSlash := strings.HasSuffix(c.Path, "/")
 
 	role := roleOf(target, mountpoint, rel)
-	switch role {
-	case Traverse:
-		return Traverse
-	case OpenFile:
-		if trailingSlash || !readOnlyFileOpen(c.Flags) {
-			return Other
-		}
-		return OpenFile
+	if role == OpenFile && trailingSlash {
+		return Other
 	}
-	return Other
+	return role
 }
 
 // roleOf places rel within the caller's target path: its last component

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs what dyadfs needs on a fresh Debian 12 machine, builds dyadfs and
+# installs it as /usr/local/bin/dyadfs. Run as root. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/go/bin"
+
+# Debian packages: fuse3 (fusermount3), python3 and util-linux (unshare)
+# for the tests, iproute2 for the multi-node tests.
+packages=()
+command -v fusermount3 >/dev/null || packages+=(fuse3)
+command -v python3 >/dev/null || packages+=(python3)
+command -v unshare >/dev/null || packages+=(util-linux)
+command -v ip >/dev/null || packages+=(iproute2)
+if ((${#packages[@]})); then
+	if [[ $(id -u) -ne 0 ]]; then
+		echo "setup.sh: missing ${packages[*]}; run as root to install them" >&2
+		exit 1
+	fi
+	export DEBIAN_FRONTEND=noninteractive
+	if ! apt-get install -y -qq "${packages[@]}" >/dev/null 2>&1; then
+		apt-get update -qq
+		apt-get install -y -qq "${packages[@]}"
+	fi
+fi
+
+if ! command -v go >/dev/null; then
+	echo "setup.sh: Go is not installed (expected at /usr/local/go)" >&2
+	exit 1
+fi
+version=$(git describe --always --dirty 2>/dev/null || echo dev)
+mkdir -p bin
+go build -ldflags "-X main.version=$version" -o bin/dyadfs ./cmd/dyadfs
+if [[ $(id -u) -eq 0 ]]; then
+	install -m 0755 bin/dyadfs /usr/local/bin/dyadfs
+	echo "setup.sh: installed /usr/local/bin/dyadfs ($version)"
+else
+	echo "setup.sh: built $(pwd)/bin/dyadfs ($version); run as root to install it"
+fi

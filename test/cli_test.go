@@ -1,0 +1,132 @@
+package test
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// badMount runs `dyadfs mount` expecting it to fail with code and a
+// one-line message containing want, and checks that nothing was mounted.
+func badMount(t *testing.T, env []string, code int, want string, args ...string) {
+	t.Helper()
+	mnt := args[len(args)-1]
+	wasMounted := isMounted(mnt)
+	cmd := exec.Command(dyadfsBin, append([]string{"mount"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != code {
+		t.Fatalf("dyadfs mount %v: %v, want exit code %d; stderr %q", args, err, code, stderr.String())
+	}
+	msg := stderr.String()
+	if strings.Count(msg, "\n") != 1 || !strings.HasPrefix(msg, "dyadfs: ") || !strings.Contains(msg, want) {
+		t.Fatalf("dyadfs mount %v printed %q, want one line with %q", args, msg, want)
+	}
+	if !wasMounted && isMounted(mnt) {
+		exec.Command("fusermount3", "-u", "-z", mnt).Run()
+		t.Fatalf("%s left mounted after a failed mount", mnt)
+	}
+}
+
+// TestBadInput (point 7): every mistake gets a one-line message, a named
+// exit code and no mount.
+func TestBadInput(t *testing.T) {
+	requireEnv(t)
+	dir := t.TempDir()
+	mnt, backing := filepath.Join(dir, "mnt"), filepath.Join(dir, "backing")
+	os.Mkdir(mnt, 0o755)
+	os.Mkdir(backing, 0o755)
+	file := filepath.Join(dir, "file")
+	os.WriteFile(file, nil, 0o644)
+	inner := filepath.Join(mnt, "inner")
+	os.Mkdir(inner, 0o755)
+	mntInBacking := filepath.Join(backing, "mnt")
+	os.Mkdir(mntInBacking, 0o755)
+
+	const (
+		usage, backingErr, mountpointErr, noFuse = 2, 3, 4, 5
+	)
+	cases := []struct {
+		name string
+		env  []string
+		code int
+		want string
+		args []string
+	}{
+		{"unknown flag", nil, usage, "unknown flag", []string{"--bogus", "--backing", backing, mnt}},
+		{"bad duration", nil, usage, "wait-timeout", []string{"--wait-timeout", "soon", "--backing", backing, mnt}},
+		{"negative timeout", nil, usage, "must not be negative", []string{"--wait-timeout", "-1s", "--backing", backing, mnt}},
+		{"bad key depth", nil, usage, "depth", []string{"--key-depth", "0", "--backing", backing, mnt}},
+		{"bad store", nil, usage, "unknown scheme", []string{"--store", "bogus://x", "--backing", backing, mnt}},
+		{"bad env", []string{"DYAD_KEY_BINS=lots"}, usage, "DYAD_KEY_BINS", []string{"--backing", backing, mnt}},
+		{"no mountpoint", nil, usage, "MOUNTPOINT", []string{"--backing", backing}},
+		{"no backing flag", nil, usage, "--backing is required", []string{mnt}},
+		{"missing backing", nil, backingErr, "does not exist", []string{"--backing", filepath.Join(dir, "nope"), mnt}},
+		{"backing is a file", nil, backingErr, "not a directory", []string{"--backing", file, mnt}},
+		{"backing inside mountpoint", nil, backingErr, "inside the mountpoint", []string{"--backing", inner, mnt}},
+		{"mountpoint inside backing", nil, backingErr, "inside the backing", []string{"--backing", backing, mntInBacking}},
+		{"missing mountpoint", nil, mountpointErr, "does not exist", []string{"--backing", backing, filepath.Join(dir, "nomnt")}},
+		{"mountpoint is a file", nil, mountpointErr, "not a directory", []string{"--backing", backing, file}},
+		{"no fusermount3", []string{"PATH=" + dir}, noFuse, "fusermount3 not found", []string{"--backing", backing, mnt}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) { badMount(t, tc.env, tc.code, tc.want, tc.args...) })
+	}
+
+	t.Run("read-only backing", func(t *testing.T) {
+		ro := filepath.Join(dir, "ro")
+		os.Mkdir(ro, 0o755)
+		if out, err := runOut("mount", "-t", "tmpfs", "-o", "ro", "none", ro); err != nil {
+			t.Skipf("cannot make a read-only tmpfs: %v %s", err, out)
+		}
+		defer runOut("umount", ro)
+		badMount(t, nil, backingErr, "not writable", "--backing", ro, mnt)
+	})
+
+	t.Run("already mounted", func(t *testing.T) {
+		m := newMount(t)
+		badMount(t, nil, mountpointErr, "already mounted", "--backing", t.TempDir(), m.mnt)
+		if !isMounted(m.mnt) {
+			t.Fatal("the failed second mount unmounted the first")
+		}
+	})
+
+	t.Run("no /dev/fuse", func(t *testing.T) {
+		// In a private mount namespace, an empty /dev hides /dev/fuse.
+		cmd := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c",
+			`mount -t tmpfs none /dev && exec "$0" mount --backing "$1" "$2"`, dyadfsBin, backing, mnt)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != noFuse || !strings.Contains(string(out), "/dev/fuse is missing") {
+			t.Fatalf("without /dev/fuse: %v %q, want exit %d and a message about /dev/fuse", err, out, noFuse)
+		}
+	})
+}
+
+func TestOtherCommands(t *testing.T) {
+	requireEnv(t)
+	if out, err := dyadfs(t, "version"); err != nil || !strings.HasPrefix(out, "dyadfs ") {
+		t.Fatalf("version: %v %q", err, out)
+	}
+	for _, args := range [][]string{{"help"}, {"help", "mount"}, {"help", "status"}, {"help", "wait"}, {"mount", "--help"}} {
+		if out, err := dyadfs(t, args...); err != nil || !strings.Contains(out, "Usage") {
+			t.Fatalf("%v: %v %q", args, err, out)
+		}
+	}
+	cmd := exec.Command(dyadfsBin, "status", t.TempDir())
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 8 || !strings.Contains(string(out), "not a dyadfs mount") {
+		t.Fatalf("status of a plain directory: %v %q", err, out)
+	}
+	cmd = exec.Command(dyadfsBin, "frobnicate")
+	if err := cmd.Run(); !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Fatalf("unknown command: %v, want exit 2", err)
+	}
+}
