@@ -20,15 +20,22 @@ go vet ./...
 echo "== go test -race"
 go test -race -count=1 -timeout 60m ./...
 
+# A test binary killed by its timeout cannot run its cleanups: report what
+# it left, then remove it, so that the machine is clean either way.
 echo "== leftovers"
-if grep -q ' fuse\.dyadfs ' /proc/self/mountinfo; then
-	echo "a dyadfs mount was left behind:" >&2
-	grep ' fuse\.dyadfs ' /proc/self/mountinfo >&2
-	exit 1
-fi
+leftover=0
+while read -r mnt; do
+	echo "a dyadfs mount was left behind: $mnt" >&2
+	fusermount3 -u -z "$mnt" || true
+	leftover=1
+done < <(awk '$0 ~ / - fuse\.dyadfs / {print $5}' /proc/self/mountinfo)
 if pgrep -x dyadfs >/dev/null; then
-	echo "a dyadfs process was left behind:" >&2
+	echo "dyadfs processes were left behind:" >&2
 	pgrep -a -x dyadfs >&2
+	pkill -KILL -x dyadfs || true
+	leftover=1
+fi
+if ((leftover)); then
 	exit 1
 fi
 echo "all tests passed"

@@ -158,15 +158,20 @@ func (m *mount) status() fs.Status {
 	return st
 }
 
-// waitStatus polls the status file until cond holds. Polling is the only
-// way to observe another process's progress that has no event; it is
-// bounded.
+// waitStatus polls the status file until cond holds.
 func (m *mount) waitStatus(what string, cond func(fs.Status) bool) {
 	m.t.Helper()
+	eventually(m.t, what, func() bool { return cond(m.status()) })
+}
+
+// eventually polls cond until it holds. Polling is the only way to observe
+// another process's progress that has no event; it is bounded.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(bound)
-	for !cond(m.status()) {
+	for !cond() {
 		if time.Now().After(deadline) {
-			m.t.Fatalf("%s: not reached within %v; status: %+v", what, bound, m.status())
+			t.Fatalf("%s: not reached within %v", what, bound)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}

@@ -11,9 +11,22 @@ import (
 	"github.com/hanwen/go-fuse/v2/posixtest"
 )
 
-// TestPosixSuite runs go-fuse's POSIX conformance tests against a mount.
+// TestPosixSuite runs go-fuse's POSIX conformance tests against a mount,
+// with the default settings and with extended attributes and without
+// passthrough.
 func TestPosixSuite(t *testing.T) {
-	m := newMount(t)
+	for _, variant := range []struct {
+		name  string
+		flags []string
+	}{
+		{"default", nil},
+		{"xattrs-no-passthrough", []string{"--xattrs", "--passthrough=false"}},
+	} {
+		t.Run(variant.name, func(t *testing.T) { posixSuite(t, newMount(t, variant.flags...)) })
+	}
+}
+
+func posixSuite(t *testing.T, m *mount) {
 	for name, fn := range posixtest.All {
 		t.Run(name, func(t *testing.T) {
 			if name == "FcntlFlockLocksFile" {
@@ -63,6 +76,37 @@ func TestShellTools(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(m.backing, "run1/zeros")); !os.IsNotExist(err) {
 		t.Fatalf("removed file still in the backing directory: %v", err)
+	}
+}
+
+// TestXattrsOffByDefault: without --xattrs, extended attribute calls fail
+// at once with EOPNOTSUPP; with it, they work.
+func TestXattrsOffByDefault(t *testing.T) {
+	m := newMount(t)
+	r := python(t, m.mnt, `
+import os
+open("f", "w").close()
+try:
+    os.setxattr("f", "user.k", b"v")
+except OSError as e:
+    print(e.errno == 95)
+`)
+	if r.err != nil || r.stdout != "True\n" {
+		t.Fatalf("setxattr without --xattrs: %v, want EOPNOTSUPP", r)
+	}
+	m = newMount(t, "--xattrs")
+	r = python(t, m.mnt, `
+import os
+open("f", "w").close()
+os.setxattr("f", "user.k", b"v")
+print(os.getxattr("f", "user.k").decode(), [a for a in os.listxattr("f")])
+try:
+    os.setxattr("f", "user.dyadfs.incomplete", b"1")
+except OSError as e:
+    print(e.errno)
+`)
+	if r.err != nil || r.stdout != "v ['user.k']\n1\n" {
+		t.Fatalf("xattrs with --xattrs: %v", r)
 	}
 }
 

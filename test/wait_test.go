@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -61,9 +62,21 @@ f.close()
 // not exist yet, even below directories that do not exist yet, wait until
 // it is published, whatever program does the open. (cp is not among them:
 // it stats its source first, and stat of a missing path is ENOENT at once.
-// `dyadfs wait` covers such tools.)
+// `dyadfs wait` covers such tools.) Without passthrough the reader's data
+// comes through the daemon and the page cache of the placeholder inode.
 func TestOpenWaitsForPublish(t *testing.T) {
-	m := newMount(t)
+	for _, variant := range []struct {
+		name  string
+		flags []string
+	}{
+		{"passthrough", nil},
+		{"no-passthrough", []string{"--passthrough=false"}},
+	} {
+		t.Run(variant.name, func(t *testing.T) { openWaitsForPublish(t, newMount(t, variant.flags...)) })
+	}
+}
+
+func openWaitsForPublish(t *testing.T, m *mount) {
 	out := t.TempDir()
 	readers := map[string]<-chan result{
 		"cat":         start(t, m.mnt, "cat", "run2/a/b.dat"),
@@ -175,21 +188,68 @@ func TestLazyUnmountEndsWaits(t *testing.T) {
 	m.pid = 0
 }
 
-// TestSigtermUnmounts: SIGTERM to the daemon ends waits and unmounts.
-func TestSigtermUnmounts(t *testing.T) {
+// TestSignalsUnmount: SIGTERM or SIGINT to the daemon ends waits and
+// unmounts; a file open at that moment stays readable (the mount is detached
+// lazily) and the daemon exits once it is closed.
+func TestSignalsUnmount(t *testing.T) {
+	for _, tc := range []struct {
+		sig   syscall.Signal
+		flags []string
+	}{
+		{syscall.SIGTERM, nil},
+		{syscall.SIGINT, []string{"--passthrough=false"}},
+	} {
+		t.Run(tc.sig.String(), func(t *testing.T) {
+			m := newMount(t, tc.flags...)
+			mustSh(t, m.mnt, "echo data > open.dat")
+			ready := filepath.Join(t.TempDir(), "ready")
+			holder, stdin := startCmd(t, m.mnt, nil, "sh", "-c", "exec 3<open.dat; touch "+ready+"; read x; cat <&3")
+			eventually(t, "holder has the file open", func() bool { _, err := os.Stat(ready); return err == nil })
+			cat := start(t, m.mnt, "cat", "missing")
+			m.waitStatus("reader waiting", waiting(1))
+			syscall.Kill(m.pid, tc.sig)
+			if r := within(t, "cat", bound, cat); r.err == nil {
+				t.Fatalf("cat succeeded after %v: %v", tc.sig, r)
+			}
+			eventually(t, "detached", func() bool { return !isMounted(m.mnt) })
+			if waitExit(m.pid, 0) {
+				t.Fatal("daemon exited while a file on its mount was open")
+			}
+			fmt.Fprintln(stdin, "go")
+			stdin.Close()
+			if r := within(t, "holder", bound, holder); r.err != nil || r.stdout != "data\n" {
+				t.Fatalf("reading an open file after the lazy unmount: %v", r)
+			}
+			if !waitExit(m.pid, bound) {
+				t.Fatalf("daemon still running after %v and the last close", tc.sig)
+			}
+			m.pid = 0
+		})
+	}
+}
+
+// TestManyWaiters: many readers wait for many files at once; each gets its
+// own file when it is published.
+func TestManyWaiters(t *testing.T) {
 	m := newMount(t)
-	cat := start(t, m.mnt, "cat", "missing")
-	m.waitStatus("reader waiting", waiting(1))
-	syscall.Kill(m.pid, syscall.SIGTERM)
-	if r := within(t, "cat", bound, cat); r.err == nil {
-		t.Fatalf("cat succeeded after SIGTERM: %v", r)
+	const n = 64
+	readers := make([]<-chan result, n)
+	for i := range readers {
+		readers[i] = start(t, m.mnt, "cat", fmt.Sprintf("many/d%d/f%d", i%8, i))
 	}
-	if !waitExit(m.pid, bound) {
-		t.Fatal("daemon still running after SIGTERM")
+	m.waitStatus("all waiting", waiting(n))
+	var script strings.Builder
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&script, "mkdir -p many/d%d && echo %d > many/d%d/f%d\n", i%8, i, i%8, i)
 	}
-	m.pid = 0
-	if isMounted(m.mnt) {
-		t.Fatal("still mounted after SIGTERM")
+	mustSh(t, m.mnt, script.String())
+	for i, ch := range readers {
+		if r := within(t, "reader", bound, ch); r.err != nil || r.stdout != fmt.Sprintf("%d\n", i) {
+			t.Fatalf("reader %d: %v", i, r)
+		}
+	}
+	if st := m.status(); st.DMD.Waiting != 0 {
+		t.Fatalf("%d paths still waited for", st.DMD.Waiting)
 	}
 }
 
