@@ -53,18 +53,26 @@ type Status struct {
 	// ReadReleases counts closed read handles of managed files (the
 	// write handles are counted by DMD.WriteReleases).
 	ReadReleases uint64 `json:"read_releases"`
+	// Panics counts bugs: handlers that panicked (and answered EIO).
+	Panics uint64 `json:"panics"`
 	// Intent counts how lookups of missing names were classified.
 	Intent  map[string]uint64 `json:"lookup_intent"`
 	DMD     dmd.Stats         `json:"dmd"`
 	Locator hfl.LocatorStats  `json:"locator"`
 	Ops     map[string]OpStat `json:"ops"`
 	Errnos  map[string]uint64 `json:"errors_by_errno"`
+	// Extra holds sections added by the daemon (the transport's counters).
+	Extra map[string]any `json:"extra,omitempty"`
 }
 
 // Status returns the daemon's current status.
 func (fsys *FS) Status() Status {
 	cfg := fsys.dmd.Config()
 	ops, errnos := fsys.ops.snapshot()
+	var extra map[string]any
+	if fsys.cfg.Extra != nil {
+		extra = fsys.cfg.Extra()
+	}
 	return Status{
 		Info:         fsys.cfg.Info,
 		PID:          os.Getpid(),
@@ -76,6 +84,7 @@ func (fsys *FS) Status() Status {
 		CrashMarkers: fsys.dmd.CrashMarkers(),
 		WaitTimeout:  cfg.WaitTimeout.Seconds(),
 		ReadReleases: fsys.readReleases.Load(),
+		Panics:       fsys.panics.Load(),
 		Intent: map[string]uint64{
 			"open_file": fsys.intent.openFile.Load(),
 			"traverse":  fsys.intent.traverse.Load(),
@@ -88,13 +97,14 @@ func (fsys *FS) Status() Status {
 		Locator: fsys.dmd.Locator().Stats(),
 		Ops:     ops,
 		Errnos:  errnos,
+		Extra:   extra,
 	}
 }
 
 // controlDir returns the control directory inode, made on first use.
 func (fsys *FS) controlDir(ctx context.Context) *gofs.Inode {
 	fsys.controlOnce.Do(func() {
-		dir := fsys.root.NewPersistentInode(ctx, &gofs.Inode{}, gofs.StableAttr{Mode: syscall.S_IFDIR})
+		dir := fsys.root.NewPersistentInode(ctx, &controlDirNode{}, gofs.StableAttr{Mode: syscall.S_IFDIR})
 		status := fsys.root.NewPersistentInode(ctx, &jsonFile{fsys: fsys, render: func() any { return fsys.Status() }}, gofs.StableAttr{Mode: syscall.S_IFREG})
 		dir.AddChild(StatusFile, status, false)
 		locate := fsys.root.NewPersistentInode(ctx, &locateDir{fsys: fsys}, gofs.StableAttr{Mode: syscall.S_IFDIR})
@@ -102,6 +112,17 @@ func (fsys *FS) controlDir(ctx context.Context) *gofs.Inode {
 		fsys.control = dir
 	})
 	return fsys.control
+}
+
+// controlDirNode is a directory of the control tree, open to everyone.
+type controlDirNode struct{ gofs.Inode }
+
+// Getattr implements gofs.NodeGetattrer.
+func (c *controlDirNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFDIR | 0o555
+	out.Nlink = 2
+	out.SetTimeout(zero)
+	return 0
 }
 
 // jsonFile is a read-only control file whose content, JSON, is rendered at
@@ -134,7 +155,7 @@ func (j *jsonFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uin
 
 // locateDir answers lookups of escaped paths with their records.
 type locateDir struct {
-	gofs.Inode
+	controlDirNode
 	fsys *FS
 }
 
@@ -158,6 +179,7 @@ func (l *locateDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 		located.Published = &pub
 	}
 	out.Mode = syscall.S_IFREG | 0o444
+	out.Nlink = 1
 	out.SetEntryTimeout(zero)
 	out.SetAttrTimeout(zero)
 	return l.NewInode(ctx, &jsonFile{fsys: l.fsys, render: func() any { return located }}, gofs.StableAttr{Mode: syscall.S_IFREG}), 0

@@ -36,7 +36,6 @@ func (fsys *FS) watchDetach() {
 		}
 		if !mountinfoHasDev(data, devID) {
 			fsys.log.Info("mount detached; ending all waits", "mountpoint", fsys.cfg.Mountpoint)
-			close(fsys.detached)
 			fsys.dmd.Shutdown()
 			return
 		}
@@ -75,7 +74,7 @@ func lazyUnmount(mountpoint string) error {
 		if path, err := exec.LookPath(prog); err == nil {
 			out, err := exec.Command(path, "-u", "-z", mountpoint).CombinedOutput()
 			if err != nil {
-				return fmt.Errorf("%s -u -z %s: %v: %s", prog, mountpoint, err, bytes.TrimSpace(out))
+				return fmt.Errorf("%s -u -z %s: %w: %s", prog, mountpoint, err, bytes.TrimSpace(out))
 			}
 			return nil
 		}

@@ -7,6 +7,7 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/dyadfs/dyadfs/fs/dmd"
 )
@@ -23,6 +24,8 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	ch, errno := n.LoopbackNode.Mkdir(ctx, name, mode, out)
 	if errno == 0 {
 		n.fsys.cached(out)
+		// A reader waiting for a file of that name gives up.
+		n.fsys.dmd.Changed(ctx, n.childRel(name))
 	}
 	return ch, errno
 }
@@ -51,6 +54,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	ch, errno := n.LoopbackNode.Symlink(ctx, target, name, out)
 	if errno == 0 {
 		n.fsys.cached(out)
+		n.fsys.dmd.Changed(ctx, n.childRel(name))
 	}
 	return ch, errno
 }
@@ -104,20 +108,24 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		return syscall.EPERM
 	}
 	oldRel, newRel := n.childRel(name), np.childRel(newName)
+	var target syscall.Stat_t
+	targetErr := syscall.Lstat(n.fsys.dmd.BackingPath(newRel), &target)
 	errno := n.LoopbackNode.Rename(ctx, name, &np.LoopbackNode, newName, flags)
 	if errno != 0 {
 		return errno
 	}
-	if flags&renameExchange != 0 {
+	if flags&unix.RENAME_EXCHANGE != 0 {
 		n.fsys.dmd.Republish(ctx, oldRel)
 		n.fsys.dmd.Republish(ctx, newRel)
 		return 0
 	}
+	if targetErr == nil && target.Mode&syscall.S_IFMT == syscall.S_IFREG {
+		// The file the rename replaced may have been half-written.
+		n.fsys.dmd.Replaced(dmd.IDOf(&target), target.Nlink <= 1)
+	}
 	n.fsys.dmd.Renamed(ctx, oldRel, newRel)
 	return 0
 }
-
-const renameExchange = 0x2 // RENAME_EXCHANGE
 
 // OpendirHandle implements gofs.NodeOpendirHandler: the root's listing
 // hides the control directory.

@@ -19,6 +19,10 @@ func (fsys *FS) errno(op, rel string, err error) syscall.Errno {
 	}
 	var errno syscall.Errno
 	switch {
+	case errors.Is(err, dmd.ErrFetch):
+		// A failed transfer is EIO, even when a timeout ended it.
+		fsys.log.Warn(op+" failed", "path", rel, "err", err)
+		return syscall.EIO
 	case errors.Is(err, dmd.ErrWaitTimeout), errors.Is(err, context.DeadlineExceeded):
 		return syscall.ETIMEDOUT
 	case errors.Is(err, dmd.ErrShutdown):
@@ -26,6 +30,7 @@ func (fsys *FS) errno(op, rel string, err error) syscall.Errno {
 	case errors.Is(err, context.Canceled):
 		return syscall.EINTR
 	case errors.Is(err, dmd.ErrNotRegular):
+		// A directory (or another non-file) took the name.
 		return syscall.EISDIR
 	case errors.Is(err, hfl.ErrNotFound), errors.Is(err, fs.ErrNotExist):
 		return syscall.ENOENT

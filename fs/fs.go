@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -45,6 +46,9 @@ type Config struct {
 	// Info is static information shown in the status file (version, store,
 	// log file, ...).
 	Info map[string]string
+	// Extra, if set, adds sections to the status file (the transport's
+	// counters).
+	Extra func() map[string]any
 }
 
 // DefaultConfig returns the defaults; Mountpoint must still be set.
@@ -77,7 +81,7 @@ type FS struct {
 
 	started     time.Time
 	passthrough string // "on", or "off: why"
-	detached    chan struct{}
+	panics      atomic.Uint64
 
 	controlOnce sync.Once
 	control     *gofs.Inode
@@ -92,7 +96,7 @@ func Mount(cfg Config, d *dmd.DMD, log *slog.Logger) (*FS, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	fsys := &FS{cfg: cfg, dmd: d, log: log, ops: newOpStats(), started: time.Now(), detached: make(chan struct{})}
+	fsys := &FS{cfg: cfg, dmd: d, log: log, ops: newOpStats(), started: time.Now()}
 	root, err := fsys.newRoot()
 	if err != nil {
 		return nil, err
@@ -135,10 +139,6 @@ func (fsys *FS) Unmount() error {
 	}
 	return nil
 }
-
-// Detached is closed when the mount vanished from the mount table (for
-// example after `fusermount3 -u -z`), before the kernel let the daemon go.
-func (fsys *FS) Detached() <-chan struct{} { return fsys.detached }
 
 // probePassthrough tells whether the kernel accepts backing files for
 // passthrough, and if not, why.
@@ -191,6 +191,15 @@ func (fsys *FS) mountOptions() *gofs.Options {
 		Debug:      fsys.cfg.Debug,
 		Logger:     slog.NewLogLogger(fsys.log.Handler(), slog.LevelDebug),
 		MaxWrite:   1 << 20,
+		// O_TRUNC reaches OPEN, where the writer is registered before the
+		// truncation, instead of arriving as a SETATTR after it.
+		ExtraCapabilities: fuse.CAP_ATOMIC_O_TRUNC,
+		// A bug must not pass unnoticed: log it, count it, answer EIO.
+		PanicHandler: func(v any) fuse.Status {
+			fsys.panics.Add(1)
+			fsys.log.Error("panic in a FUSE handler; answered EIO", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			return fuse.EIO
+		},
 		// Without extended attributes the kernel stops asking for
 		// security.capability before every write (and ls -l for ACLs):
 		// one round trip less per small-file write.

@@ -50,7 +50,10 @@ func mount(t *testing.T, mod func(*dmd.Config, *Config)) *mounted {
 		mod(&dcfg, &fcfg)
 	}
 	store := hfl.NewEmbeddedStore()
-	loc := hfl.NewLocator(hfl.DefaultLocatorConfig(), store, nil)
+	loc, err := hfl.NewLocator(hfl.DefaultLocatorConfig(), store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	d, err := dmd.New(dcfg, loc, log)
 	if err != nil {

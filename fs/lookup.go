@@ -11,7 +11,6 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/dyadfs/dyadfs/fs/caller"
-	"github.com/dyadfs/dyadfs/fs/dmd"
 )
 
 // intentStats counts how LOOKUPs of missing names were classified.
@@ -24,7 +23,7 @@ type intentStats struct {
 // it (or a path through it) read-only: then the answer is a placeholder whose
 // OPEN waits, outside any directory lock, until the file is published.
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.isRoot() && name == dmd.InternalDir {
+	if n.reserved(name) {
 		return n.fsys.controlDir(ctx), 0
 	}
 	ch, errno := n.LoopbackNode.Lookup(ctx, name, out)
@@ -35,22 +34,38 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	if errno != syscall.ENOENT {
 		return nil, errno
 	}
-	return n.fsys.lookupMissing(ctx, n.EmbeddedInode(), n.childRel(name), out)
+	if ch, errno := n.fsys.lookupMissing(ctx, n.EmbeddedInode(), n.childRel(name), out, false); ch != nil || errno != 0 {
+		return ch, errno
+	}
+	// The name appeared while we looked (a create in progress): answer
+	// with the real file rather than a placeholder that would replace it.
+	ch, errno = n.LoopbackNode.Lookup(ctx, name, out)
+	if errno == 0 {
+		n.fsys.cached(out)
+	}
+	return ch, errno
 }
 
-// lookupMissing decides what a LOOKUP of the missing path rel answers.
-func (fsys *FS) lookupMissing(ctx context.Context, parent *gofs.Inode, rel string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	var tid uint32
-	if c, ok := fuse.FromContext(ctx); ok {
-		tid = c.Pid
-	}
+// lookupMissing decides what a LOOKUP of the missing path rel answers: a
+// placeholder or ENOENT. Below a placeholder directory every answer is a
+// placeholder; elsewhere, if rel exists by now, it answers (nil, 0) to say
+// "look it up again".
+func (fsys *FS) lookupMissing(ctx context.Context, parent *gofs.Inode, rel string, out *fuse.EntryOut, belowPlaceholder bool) (*gofs.Inode, syscall.Errno) {
+	tid := callerTid(ctx)
 	call, err := caller.ReadCall(tid)
 	if err != nil {
 		fsys.intent.unknown.Add(1)
 		fsys.log.Debug("cannot tell what the caller of a lookup is doing; answering ENOENT", "path", rel, "tid", tid, "err", err)
 		return nil, syscall.ENOENT
 	}
-	switch caller.Classify(call, tid, fsys.cfg.Mountpoint, rel) {
+	intent := caller.Classify(call, tid, fsys.cfg.Mountpoint, rel)
+	if !belowPlaceholder && (intent == caller.OpenFile || intent == caller.Traverse) {
+		var st syscall.Stat_t
+		if syscall.Lstat(fsys.dmd.BackingPath(rel), &st) == nil {
+			return nil, 0
+		}
+	}
+	switch intent {
 	case caller.OpenFile:
 		fsys.intent.openFile.Add(1)
 		return fsys.pending(ctx, parent, &pendingFile{fsys: fsys, rel: rel}, syscall.S_IFREG|0o444, out), 0
@@ -85,9 +100,11 @@ type pendingDir struct {
 	rel  string
 }
 
-// Lookup implements gofs.NodeLookuper.
+// Lookup implements gofs.NodeLookuper. Below a placeholder directory
+// everything is a placeholder, even what exists by now: the opener's OPEN
+// waits for the file to be complete and then opens it by its path.
 func (p *pendingDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return p.fsys.lookupMissing(ctx, p.EmbeddedInode(), path.Join(p.rel, name), out)
+	return p.fsys.lookupMissing(ctx, p.EmbeddedInode(), path.Join(p.rel, name), out, true)
 }
 
 // Getattr implements gofs.NodeGetattrer.
@@ -126,15 +143,14 @@ func (p *pendingFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, 
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.ENOENT
 	}
-	backing, err := p.fsys.dmd.WaitPath(ctx, p.rel)
+	if _, err := p.fsys.dmd.WaitPath(ctx, p.rel); err != nil {
+		return nil, 0, p.fsys.errno("open", p.rel, err)
+	}
+	f, err := p.fsys.dmd.OpenBeneath(p.rel, int(flags&^(syscall.O_APPEND|fuse.FMODE_EXEC)))
 	if err != nil {
 		return nil, 0, p.fsys.errno("open", p.rel, err)
 	}
-	f, err := os.OpenFile(backing, int(flags&^(syscall.O_APPEND|fuse.FMODE_EXEC))|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return nil, 0, p.fsys.errno("open", p.rel, err)
-	}
-	if errno := mayRead(ctx, f); errno != 0 {
+	if errno := p.fsys.mayRead(ctx, p.rel, f); errno != 0 {
 		f.Close()
 		return nil, 0, errno
 	}

@@ -53,6 +53,7 @@ var (
 	_ gofs.NodeOpener    = (*jsonFile)(nil)
 	_ gofs.NodeGetattrer = (*jsonFile)(nil)
 	_ gofs.NodeLookuper  = (*locateDir)(nil)
+	_ gofs.NodeGetattrer = (*controlDirNode)(nil)
 )
 
 // rel returns the node's path relative to the mount ("" for the root).

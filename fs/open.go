@@ -3,7 +3,9 @@ package fs
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -13,6 +15,8 @@ import (
 	"github.com/dyadfs/dyadfs/fs/dmd"
 )
 
+// writeFlags make an open a writer. O_TRUNC reaches OPEN because dyadfs
+// asks the kernel for atomic O_TRUNC (open(O_RDONLY|O_TRUNC) truncates too).
 const writeFlags = syscall.O_WRONLY | syscall.O_RDWR | syscall.O_TRUNC
 
 func callerTid(ctx context.Context) uint32 {
@@ -32,13 +36,20 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		if err := n.fsys.dmd.WaitComplete(ctx, n.id, tid); err != nil {
 			return nil, 0, n.fsys.errno("open", n.rel(), err)
 		}
+		if n.fsys.dmd.Config().SharedStorage {
+			// Another node may be writing this file into the shared
+			// directory: it is complete once a record describes it.
+			if _, err := n.fsys.dmd.WaitPath(ctx, n.rel()); err != nil {
+				return nil, 0, n.fsys.errno("open", n.rel(), err)
+			}
+		}
 		fh, fuseFlags, errno := n.LoopbackNode.Open(ctx, flags)
 		if errno != 0 {
 			return nil, 0, errno
 		}
 		return n.fsys.newReadHandle(fh), fuseFlags, 0
 	}
-	w := n.fsys.dmd.BeginWrite(n.id, tid, flags&syscall.O_TRUNC != 0)
+	w := n.fsys.dmd.BeginWrite(n.id, tid, n.rel(), false)
 	fh, fuseFlags, errno := n.LoopbackNode.Open(ctx, flags)
 	if errno != 0 {
 		w.Abort()
@@ -50,7 +61,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 // Create implements gofs.NodeCreater: the new file is registered as being
 // written before any reader can look it up.
 func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
-	if n.isRoot() && name == dmd.InternalDir {
+	if n.reserved(name) {
 		return nil, nil, 0, syscall.EEXIST
 	}
 	rel := n.childRel(name)
@@ -62,7 +73,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	}
 	n.fsys.cached(out)
 	child := ch.Operations().(*node)
-	w := n.fsys.dmd.BeginWrite(child.id, callerTid(ctx), true)
+	w := n.fsys.dmd.BeginWrite(child.id, callerTid(ctx), rel, true)
 	return ch, n.fsys.newWriteHandle(fh, w, child), fuseFlags, 0
 }
 
@@ -102,11 +113,9 @@ func (fsys *FS) newWriteHandle(fh gofs.FileHandle, w *dmd.Writer, n *node) gofs.
 	return &writeHandle{LoopbackFile: lf, fsys: fsys, w: w, n: n, fd: fd}
 }
 
-// Release implements gofs.FileReleaser.
+// Release implements gofs.FileReleaser. End logs what goes wrong.
 func (h *writeHandle) Release(ctx context.Context) syscall.Errno {
-	if err := h.w.End(context.WithoutCancel(ctx), h.fd, h.n.rel()); err != nil {
-		h.fsys.log.Error("release", "path", h.n.rel(), "err", err)
-	}
+	h.w.End(context.WithoutCancel(ctx), h.fd, h.n.rel())
 	return h.LoopbackFile.Release(ctx)
 }
 
@@ -130,33 +139,50 @@ func (h *readHandle) Release(ctx context.Context) syscall.Errno {
 	return errno
 }
 
-// mayRead checks that the caller may read f. A pending file's placeholder
-// is readable by all (its real mode is unknown until it exists), so the
-// kernel's permission check did not see the real mode; this one does.
-func mayRead(ctx context.Context, f *os.File) syscall.Errno {
+// mayRead checks that the caller may read the file at rel, opened as f: a
+// pending file's placeholder, and the placeholder directories above it, are
+// open to all (their real modes are unknown until they exist), so the
+// kernel's permission checks did not see the real modes. This one does:
+// search permission on every directory on the way, read permission on the
+// file.
+func (fsys *FS) mayRead(ctx context.Context, rel string, f *os.File) syscall.Errno {
 	c, ok := fuse.FromContext(ctx)
 	if !ok || c.Uid == 0 {
 		return 0
 	}
+	var groups []uint32
+	var haveGroups bool
+	allowed := func(st *syscall.Stat_t, bit uint32) bool {
+		switch {
+		case st.Uid == c.Uid:
+			return st.Mode&(bit<<6) != 0
+		case st.Gid == c.Gid:
+			return st.Mode&(bit<<3) != 0
+		}
+		if !haveGroups {
+			groups, _ = caller.Groups(c.Pid)
+			haveGroups = true
+		}
+		if slices.Contains(groups, st.Gid) {
+			return st.Mode&(bit<<3) != 0
+		}
+		return st.Mode&bit != 0
+	}
+	dir := fsys.dmd.Config().Backing
+	parts := strings.Split(rel, "/")
+	for _, p := range parts[:len(parts)-1] {
+		var st syscall.Stat_t
+		if err := syscall.Stat(dir, &st); err != nil || !allowed(&st, 0o1) {
+			return syscall.EACCES
+		}
+		dir = filepath.Join(dir, p)
+	}
 	var st syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		return syscall.EIO
+	if err := syscall.Stat(dir, &st); err != nil || !allowed(&st, 0o1) {
+		return syscall.EACCES
 	}
-	switch {
-	case st.Uid == c.Uid:
-		return permBit(st.Mode, 0o400)
-	case st.Gid == c.Gid:
-		return permBit(st.Mode, 0o040)
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil || !allowed(&st, 0o4) {
+		return syscall.EACCES
 	}
-	if groups, err := caller.Groups(c.Pid); err == nil && slices.Contains(groups, st.Gid) {
-		return permBit(st.Mode, 0o040)
-	}
-	return permBit(st.Mode, 0o004)
-}
-
-func permBit(mode, bit uint32) syscall.Errno {
-	if mode&bit != 0 {
-		return 0
-	}
-	return syscall.EACCES
+	return 0
 }

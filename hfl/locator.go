@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -36,7 +37,7 @@ func (l Level) String() string {
 
 // LocalIndex answers the first level: is the file complete here?
 type LocalIndex interface {
-	LocalRecord(path string) (Record, bool)
+	LocalRecord(ctx context.Context, path string) (Record, bool)
 }
 
 // LocatorConfig shapes the locator.
@@ -59,8 +60,8 @@ func DefaultLocatorConfig() LocatorConfig {
 
 // Validate checks the configuration.
 func (c LocatorConfig) Validate() error {
-	if c.Namespace == "" {
-		return errors.New("namespace must not be empty")
+	if c.Namespace == "" || strings.Trim(c.Namespace, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != "" || c.Namespace[0] == '.' {
+		return fmt.Errorf("namespace %q: want letters, digits, '.', '_' or '-', not starting with '.'", c.Namespace)
 	}
 	if err := ValidateKeyShape(c.KeyDepth, c.KeyBins); err != nil {
 		return err
@@ -90,8 +91,11 @@ type Locator struct {
 }
 
 // NewLocator returns a locator over store; local may be nil.
-func NewLocator(cfg LocatorConfig, store Store, local LocalIndex) *Locator {
-	return &Locator{cfg: cfg, store: store, local: local, cache: newRecordCache(cfg.CacheSize)}
+func NewLocator(cfg LocatorConfig, store Store, local LocalIndex) (*Locator, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Locator{cfg: cfg, store: store, local: local, cache: newRecordCache(cfg.CacheSize)}, nil
 }
 
 // SetLocal sets the first level; it must be called before the locator is used.
@@ -128,11 +132,17 @@ func (l *Locator) Unpublish(ctx context.Context, path, owner string) error {
 // found, or ErrNotFound.
 func (l *Locator) Locate(ctx context.Context, path string) (Record, Level, error) {
 	if l.local != nil {
-		if rec, ok := l.local.LocalRecord(path); ok {
+		if rec, ok := l.local.LocalRecord(ctx, path); ok {
 			l.hits[LevelLocal].Add(1)
 			return rec, LevelLocal, nil
 		}
 	}
+	return l.Record(ctx, path)
+}
+
+// Record searches the last two levels, the cache and the global store, for
+// path's record: where it was published, by this node or another.
+func (l *Locator) Record(ctx context.Context, path string) (Record, Level, error) {
 	if rec, ok := l.cache.get(path); ok {
 		l.hits[LevelCache].Add(1)
 		return rec, LevelCache, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Store is the global metadata store: a key-value map of Records with
@@ -24,7 +25,19 @@ type Store interface {
 	// record, and nil without deleting when the record belongs to another
 	// owner: a newer publish from elsewhere wins over an older unlink.
 	Remove(ctx context.Context, key, owner string) error
-	// Close releases the store's resources; pending waits end with ErrClosed.
+
+	// Register stores value under key for as long as this daemon lives:
+	// until Close, or, in a store shared between nodes, until the daemon
+	// stops renewing it and ttl passes. Daemons announce themselves so.
+	Register(ctx context.Context, key string, value []byte, ttl time.Duration) error
+	// Get returns a value stored by Register or PutIfAbsent, or ErrNotFound.
+	Get(ctx context.Context, key string) ([]byte, error)
+	// PutIfAbsent stores value under key unless the key exists, and
+	// returns what the store holds afterwards: value, or what was there.
+	PutIfAbsent(ctx context.Context, key string, value []byte) ([]byte, error)
+
+	// Close releases the store's resources and withdraws what Register
+	// stored; pending waits end with ErrClosed.
 	Close() error
 }
 
@@ -52,8 +65,13 @@ func parseStoreURL(raw string) (storeSpec, error) {
 		}
 		spec.scheme = "embedded"
 		return spec, nil
+	case "etcd":
+		if _, err := parseEtcdEndpoints(addr); err != nil {
+			return spec, fmt.Errorf("metadata store %q: %v", raw, err)
+		}
+		return spec, nil
 	default:
-		return spec, fmt.Errorf("metadata store %q: unknown scheme %q (want %s)", raw, spec.scheme, EmbeddedURL)
+		return spec, fmt.Errorf("metadata store %q: unknown scheme %q (want %s or etcd://host:port[,host:port...])", raw, spec.scheme, EmbeddedURL)
 	}
 }
 
@@ -72,6 +90,16 @@ func OpenStore(ctx context.Context, rawURL string) (Store, error) {
 	switch spec.scheme {
 	case "embedded":
 		return NewEmbeddedStore(), nil
+	case "etcd":
+		eps, err := parseEtcdEndpoints(spec.addr)
+		if err != nil {
+			return nil, fmt.Errorf("metadata store %q: %v", rawURL, err)
+		}
+		s, err := OpenEtcdStore(ctx, DefaultEtcdConfig(eps...))
+		if err != nil {
+			return nil, err // not a nil *EtcdStore in a non-nil Store
+		}
+		return s, nil
 	}
 	return nil, fmt.Errorf("metadata store %q: no backend for scheme %q", rawURL, spec.scheme)
 }

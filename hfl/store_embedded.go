@@ -12,6 +12,7 @@ import (
 type EmbeddedStore struct {
 	mu      sync.Mutex
 	records map[string]Record
+	values  map[string][]byte
 	// waiters holds, per key, a channel closed at the next publish of the
 	// key, and how many waits use it (so that abandoned waits leave nothing).
 	waiters map[string]*keyWaiters
@@ -25,6 +26,7 @@ type EmbeddedStore struct {
 func NewEmbeddedStore() *EmbeddedStore {
 	return &EmbeddedStore{
 		records: make(map[string]Record),
+		values:  make(map[string][]byte),
 		waiters: make(map[string]*keyWaiters),
 		lastGen: uint64(time.Now().UnixNano()),
 		closed:  make(chan struct{}),
@@ -136,6 +138,46 @@ func (s *EmbeddedStore) Remove(ctx context.Context, key, owner string) error {
 	}
 	delete(s.records, key)
 	return nil
+}
+
+// Register implements Store. In one process the daemon's life is the
+// store's, so ttl plays no part.
+func (s *EmbeddedStore) Register(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+	if s.isClosed() {
+		return ErrClosed
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.values[key] = append([]byte(nil), value...)
+	return nil
+}
+
+// Get implements Store.
+func (s *EmbeddedStore) Get(ctx context.Context, key string) ([]byte, error) {
+	if s.isClosed() {
+		return nil, ErrClosed
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.values[key]
+	if !ok {
+		return nil, ErrNotFound
+	}
+	return append([]byte(nil), v...), nil
+}
+
+// PutIfAbsent implements Store.
+func (s *EmbeddedStore) PutIfAbsent(ctx context.Context, key string, value []byte) ([]byte, error) {
+	if s.isClosed() {
+		return nil, ErrClosed
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v, ok := s.values[key]; ok {
+		return append([]byte(nil), v...), nil
+	}
+	s.values[key] = append([]byte(nil), value...)
+	return append([]byte(nil), value...), nil
 }
 
 // Len returns the number of records held.

@@ -5,13 +5,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
 
-# Debian packages: fuse3 (fusermount3), python3 and util-linux (unshare)
-# for the tests, iproute2 for the multi-node tests.
+# Debian packages: fuse3 (fusermount3); etcd-server, the metadata store
+# shared between nodes; python3 and util-linux (unshare, nsenter, setpriv)
+# for the tests; iproute2 (ip, tc) for the multi-node tests; iperf3 for the
+# benchmark's network baseline.
 packages=()
 command -v fusermount3 >/dev/null || packages+=(fuse3)
+command -v etcd >/dev/null || packages+=(etcd-server)
 command -v python3 >/dev/null || packages+=(python3)
-command -v unshare >/dev/null || packages+=(util-linux)
+command -v nsenter >/dev/null || packages+=(util-linux)
 command -v ip >/dev/null || packages+=(iproute2)
+command -v iperf3 >/dev/null || packages+=(iperf3)
 if ((${#packages[@]})); then
 	if [[ $(id -u) -ne 0 ]]; then
 		echo "setup.sh: missing ${packages[*]}; run as root to install them" >&2

@@ -50,7 +50,7 @@ func TestBadInput(t *testing.T) {
 	os.Mkdir(mntInBacking, 0o755)
 
 	const (
-		usage, backingErr, mountpointErr, noFuse = 2, 3, 4, 5
+		usage, backingErr, mountpointErr, noFuse, mountFailed, storeErr = 2, 3, 4, 5, 6, 7
 	)
 	cases := []struct {
 		name string
@@ -74,6 +74,10 @@ func TestBadInput(t *testing.T) {
 		{"missing mountpoint", nil, mountpointErr, "does not exist", []string{"--backing", backing, filepath.Join(dir, "nomnt")}},
 		{"mountpoint is a file", nil, mountpointErr, "not a directory", []string{"--backing", backing, file}},
 		{"no fusermount3", []string{"PATH=" + dir}, noFuse, "fusermount3 not found", []string{"--backing", backing, mnt}},
+		{"kernel refuses the mount", nil, mountFailed, "mount", []string{"-o", "no_such_fuse_option", "--backing", backing, mnt}},
+		{"store unreachable", nil, storeErr, "127.0.0.1:1", []string{"--store", "etcd://127.0.0.1:1", "--backing", backing, mnt}},
+		{"bad transport", nil, usage, "not available in this build", []string{"--dtl", "ucx", "--backing", backing, mnt}},
+		{"short secret", nil, usage, "at least 16 bytes", []string{"--secret-file", file, "--backing", backing, mnt}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { badMount(t, tc.env, tc.code, tc.want, tc.args...) })
@@ -107,6 +111,39 @@ func TestBadInput(t *testing.T) {
 			t.Fatalf("without /dev/fuse: %v %q, want exit %d and a message about /dev/fuse", err, out, noFuse)
 		}
 	})
+}
+
+// TestMountArgumentsAfterDashDash: "--" before the mountpoint works, in the
+// command and in the daemon it starts.
+func TestMountArgumentsAfterDashDash(t *testing.T) {
+	requireEnv(t)
+	dir := t.TempDir()
+	mnt, backing := filepath.Join(dir, "mnt"), filepath.Join(dir, "backing")
+	os.Mkdir(mnt, 0o755)
+	os.Mkdir(backing, 0o755)
+	if out, err := dyadfs(t, "mount", "--backing", backing, "--log-file", filepath.Join(dir, "log"), "--", mnt); err != nil {
+		t.Fatalf("dyadfs mount ... -- MNT: %v %s", err, out)
+	}
+	m := &mount{t: t, mnt: mnt, backing: backing, logFile: filepath.Join(dir, "log")}
+	m.pid = m.status().PID
+	t.Cleanup(m.cleanup)
+	m.unmount()
+}
+
+// TestKeyCommand: dyadfs key prints DYAD's key of each path.
+func TestKeyCommand(t *testing.T) {
+	requireEnv(t)
+	out, err := dyadfs(t, "key", "--key-depth", "3", "--key-bins", "1024", "a.txt", "run1/step7.dat")
+	if err != nil {
+		t.Fatalf("dyadfs key: %v %s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 || lines[0] != "7f.70.5d.a.txt" || !strings.HasSuffix(lines[1], ".run1/step7.dat") {
+		t.Fatalf("dyadfs key printed %q", out)
+	}
+	if _, err := dyadfs(t, "key", "../escape"); err == nil {
+		t.Fatal("dyadfs key accepted a path leaving the managed directory")
+	}
 }
 
 func TestOtherCommands(t *testing.T) {

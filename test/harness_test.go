@@ -44,6 +44,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	os.Chmod(dir, 0o755) // tests run the binary as other users too
 	if skipReason == "" {
 		dyadfsBin = filepath.Join(dir, "dyadfs")
 		args := []string{"build", "-o", dyadfsBin}
@@ -198,8 +199,12 @@ func (m *mount) cleanup() {
 		syscall.Kill(m.pid, syscall.SIGKILL)
 		waitExit(m.pid, 10*time.Second)
 	}
+	log := m.readLog()
+	if strings.Contains(log, "panic in a FUSE handler") {
+		m.t.Errorf("the daemon logged a panic")
+	}
 	if m.t.Failed() {
-		m.t.Logf("dyadfs log of %s:\n%s", m.mnt, m.readLog())
+		m.t.Logf("dyadfs log of %s:\n%s", m.mnt, log)
 	}
 	if isMounted(m.mnt) {
 		m.t.Errorf("%s is still mounted after cleanup", m.mnt)
@@ -391,12 +396,13 @@ func within[T any](t *testing.T, what string, limit time.Duration, ch <-chan T) 
 	return zero
 }
 
-// notYet reports whether ch has not delivered yet.
-func notYet[T any](ch <-chan T) bool {
+// notYet reports whether ch has not delivered yet, and if it has, what.
+func notYet[T any](ch <-chan T) (T, bool) {
 	select {
-	case <-ch:
-		return false
+	case v := <-ch:
+		return v, false
 	default:
-		return true
+		var zero T
+		return zero, true
 	}
 }

@@ -42,8 +42,10 @@ f.close()
 	cat := start(t, m.mnt, "cat", "step7.dat")
 	dd := start(t, m.mnt, "dd", "if=step7.dat", "status=none")
 	m.waitStatus("readers waiting", func(st fs.Status) bool { return st.DMD.OpensWaited >= before+2 })
-	if !notYet(cat) || !notYet(dd) {
-		t.Fatal("a reader finished while the writer still held the file")
+	for _, ch := range []<-chan result{cat, dd} {
+		if r, waiting := notYet(ch); !waiting {
+			t.Fatalf("a reader finished while the writer still held the file: %v", r)
+		}
 	}
 	fmt.Fprintln(stdin, "go")
 	stdin.Close()
@@ -87,8 +89,8 @@ func openWaitsForPublish(t *testing.T, m *mount) {
 	}
 	m.waitStatus("all readers waiting", func(st fs.Status) bool { return st.DMD.OpensWaited >= uint64(len(readers)) })
 	for name, ch := range readers {
-		if !notYet(ch) {
-			t.Fatalf("%s finished before the file existed: %v", name, <-ch)
+		if r, waiting := notYet(ch); !waiting {
+			t.Fatalf("%s finished before the file existed: %v", name, r)
 		}
 	}
 	mustSh(t, m.mnt, "mkdir -p run2/a && printf 'the payload\\n' > run2/a/b.dat")
@@ -281,8 +283,8 @@ func TestWaitingBlocksNothingElse(t *testing.T) {
 		if r.err != nil {
 			t.Fatalf("%s while a reader waits: %v", s.name, r)
 		}
-		if !notYet(reader) {
-			t.Fatalf("the reader stopped waiting after %s: %v", s.name, <-reader)
+		if r, waiting := notYet(reader); !waiting {
+			t.Fatalf("the reader stopped waiting after %s: %v", s.name, r)
 		}
 	}
 	got := mustSh(t, m.mnt, "ls run1 | sort | tr '\\n' ' '")

@@ -3,14 +3,17 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 
+	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/fs"
 	"github.com/dyadfs/dyadfs/fs/dmd"
 	"github.com/dyadfs/dyadfs/hfl"
@@ -30,6 +33,13 @@ type mountConfig struct {
 	DMD     dmd.Config
 	FS      fs.Config
 	Locator hfl.LocatorConfig
+
+	// Transport settings, used when the store is shared between nodes.
+	DTL          string
+	Transport    dtl.Config
+	SecretFile   string
+	LeaseTTL     time.Duration
+	FetchTimeout time.Duration
 }
 
 // envVars lists the environment variables dyadfs reads, all of them here.
@@ -40,6 +50,7 @@ var envVars = []struct{ name, help string }{
 	{"DYAD_KEY_BINS", "bins per level of the hashed metadata key: --key-bins"},
 	{"DYAD_FSYNC_WRITE", "fsync files before publishing them: --fsync-on-publish"},
 	{"DYAD_SHARED_STORAGE", "all nodes share the backing storage: --shared-storage"},
+	{"DYAD_DTL_MODE", "data transport: --dtl (DYAD's UCX, FLUX_RPC and MARGO are recognised)"},
 	{"DYADFS_STORE", "metadata store URL: --store"},
 	{"DYADFS_LOG_LEVEL", "log level: --log-level"},
 }
@@ -50,12 +61,17 @@ var lookupEnv = os.LookupEnv
 // defaultMountConfig returns the defaults with the environment applied.
 func defaultMountConfig() (mountConfig, error) {
 	c := mountConfig{
-		StoreURL: hfl.EmbeddedURL,
-		LogLevel: slog.LevelInfo,
-		DMD:      dmd.DefaultConfig(),
-		FS:       fs.DefaultConfig(),
-		Locator:  hfl.DefaultLocatorConfig(),
+		StoreURL:     hfl.EmbeddedURL,
+		LogLevel:     slog.LevelInfo,
+		DMD:          dmd.DefaultConfig(),
+		FS:           fs.DefaultConfig(),
+		Locator:      hfl.DefaultLocatorConfig(),
+		DTL:          "tcp",
+		Transport:    dtl.DefaultConfig(),
+		LeaseTTL:     10 * time.Second,
+		FetchTimeout: time.Minute,
 	}
+	c.Transport.Listen = ":7447"
 	if h, err := os.Hostname(); err == nil {
 		c.DMD.Node = h
 	}
@@ -72,6 +88,7 @@ func defaultMountConfig() (mountConfig, error) {
 	env("DYAD_KEY_BINS", func(v string) (err error) { c.Locator.KeyBins, err = strconv.Atoi(v); return })
 	env("DYAD_FSYNC_WRITE", func(v string) (err error) { c.DMD.FsyncOnPublish, err = parseBool(v); return })
 	env("DYAD_SHARED_STORAGE", func(v string) (err error) { c.DMD.SharedStorage, err = parseBool(v); return })
+	env("DYAD_DTL_MODE", func(v string) error { c.DTL = v; return nil })
 	env("DYADFS_STORE", func(v string) error { c.StoreURL = v; return nil })
 	env("DYADFS_LOG_LEVEL", func(v string) error { return c.LogLevel.UnmarshalText([]byte(v)) })
 	if len(errs) > 0 {
@@ -97,16 +114,23 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 	f := pflag.NewFlagSet("mount", pflag.ContinueOnError)
 	f.SortFlags = false
 	f.Usage = func() {} // help goes to stdout through runHelp
-	v := &mountFlagValues{logLevel: strings.ToLower(c.LogLevel.String())}
+	v := &mountFlagValues{logLevel: strings.ToLower(c.LogLevel.String()), flags: f}
 	f.StringVar(&c.DMD.Backing, "backing", c.DMD.Backing, "node-local `DIR` that stores the managed directory's files (required)")
 	f.StringVar(&c.DMD.Node, "node", c.DMD.Node, "this node's `ID`, the owner of the files it publishes")
-	f.StringVar(&c.StoreURL, "store", c.StoreURL, "metadata store `URL`: embedded:// (single node)")
+	f.StringVar(&c.StoreURL, "store", c.StoreURL, "metadata store `URL`: embedded:// (single node) or etcd://host:port[,host:port...]")
 	f.StringVar(&c.Locator.Namespace, "namespace", c.Locator.Namespace, "job `NAME` that scopes metadata keys (DYAD_KVS_NAMESPACE)")
 	f.IntVar(&c.Locator.KeyDepth, "key-depth", c.Locator.KeyDepth, "levels of the hashed metadata key (DYAD_KEY_DEPTH)")
 	f.IntVar(&c.Locator.KeyBins, "key-bins", c.Locator.KeyBins, "bins per level of the hashed metadata key (DYAD_KEY_BINS)")
 	f.DurationVar(&c.DMD.WaitTimeout, "wait-timeout", c.DMD.WaitTimeout, "bound on how long an open waits for a file (0: forever); on expiry open fails with ETIMEDOUT")
 	f.BoolVar(&c.DMD.FsyncOnPublish, "fsync-on-publish", c.DMD.FsyncOnPublish, "make file data durable before publishing it (DYAD_FSYNC_WRITE)")
 	f.BoolVar(&c.DMD.SharedStorage, "shared-storage", c.DMD.SharedStorage, "all nodes see the same backing storage: wait for records, never transfer (DYAD_SHARED_STORAGE)")
+	f.StringVar(&c.DTL, "dtl", c.DTL, "data `TRANSPORT` between nodes: tcp (DYAD_DTL_MODE)")
+	f.StringVar(&c.Transport.Listen, "listen", c.Transport.Listen, "`HOST:PORT` the transport serves files on")
+	f.StringVar(&c.Transport.Advertise, "advertise", "", "`HOST:PORT` other nodes reach the transport at (default: the listen address, or this node's first non-loopback address)")
+	f.StringVar(&c.SecretFile, "secret-file", "", "`FILE` holding the job secret that authenticates nodes (default: generated and kept in the store, per namespace)")
+	f.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "how long after this daemon dies other nodes stop counting on it")
+	f.DurationVar(&c.FetchTimeout, "fetch-timeout", c.FetchTimeout, "bound on fetching one file, retries included; on expiry the open fails with EIO")
+	f.DurationVar(&c.Transport.StallTimeout, "stall-timeout", c.Transport.StallTimeout, "a transfer that makes no progress for this long fails (and is retried)")
 	f.StringSliceVarP(&v.options, "options", "o", nil, "FUSE mount `OPTIONS`, comma-separated (allow_other, ...)")
 	f.DurationVar(&c.FS.CacheTTL, "cache-ttl", c.FS.CacheTTL, "how long the kernel caches entries and attributes of existing files")
 	f.BoolVar(&c.FS.Passthrough, "passthrough", c.FS.Passthrough, "let the kernel read and write backing files directly (FUSE passthrough) where it can")
@@ -124,6 +148,7 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 type mountFlagValues struct {
 	options  []string
 	logLevel string
+	flags    *pflag.FlagSet
 }
 
 // finish applies the parsed flag values and derived settings to c and
@@ -171,6 +196,57 @@ func (v *mountFlagValues) finish(c *mountConfig, args []string) error {
 	}
 	if c.LogFile == "" && !c.Foreground {
 		c.LogFile = defaultLogFile(c.Mountpoint)
+	}
+	if err := c.finishTransport(v.flags); err != nil {
+		return err
+	}
+	if c.DMD.SharedStorage && !v.flags.Changed("cache-ttl") {
+		// Other nodes change the shared backing directory unseen: let
+		// the kernel cache nothing.
+		c.FS.CacheTTL = 0
+	}
+	return nil
+}
+
+// dtlNames maps DYAD's DYAD_DTL_MODE values and dyadfs's names to backends.
+var dtlNames = map[string]string{"tcp": "tcp", "ucx": "ucx", "flux_rpc": "flux-rpc", "flux-rpc": "flux-rpc", "margo": "margo"}
+
+// availableDTL lists the transports built into this binary.
+var availableDTL = []string{"tcp"}
+
+func (c *mountConfig) finishTransport(flags *pflag.FlagSet) error {
+	name, ok := dtlNames[strings.ToLower(c.DTL)]
+	if !ok {
+		return fail(exitUsage, fmt.Sprintf("--dtl %q: unknown transport (available: %s)", c.DTL, strings.Join(availableDTL, ", ")))
+	}
+	if !slices.Contains(availableDTL, name) {
+		return fail(exitUsage, fmt.Sprintf("--dtl %s: not available in this build (available: %s)", name, strings.Join(availableDTL, ", ")))
+	}
+	c.DTL = name
+	c.Transport.Node = c.DMD.Node
+	if _, _, err := net.SplitHostPort(c.Transport.Listen); err != nil {
+		return fail(exitUsage, fmt.Sprintf("--listen %q: want HOST:PORT (%v)", c.Transport.Listen, err))
+	}
+	if c.Transport.Advertise != "" {
+		if _, _, err := net.SplitHostPort(c.Transport.Advertise); err != nil {
+			return fail(exitUsage, fmt.Sprintf("--advertise %q: want HOST:PORT (%v)", c.Transport.Advertise, err))
+		}
+	}
+	if c.LeaseTTL < time.Second {
+		return fail(exitUsage, fmt.Sprintf("--lease-ttl %v: want at least 1s", c.LeaseTTL))
+	}
+	if c.FetchTimeout <= 0 || c.Transport.StallTimeout <= 0 {
+		return fail(exitUsage, "--fetch-timeout and --stall-timeout must be positive")
+	}
+	if c.SecretFile != "" {
+		b, err := os.ReadFile(c.SecretFile)
+		if err != nil {
+			return fail(exitUsage, fmt.Sprintf("--secret-file: %v", err))
+		}
+		c.Transport.Secret = []byte(strings.TrimSpace(string(b)))
+		if len(c.Transport.Secret) < 16 {
+			return fail(exitUsage, fmt.Sprintf("--secret-file %s: the secret must be at least 16 bytes (for example: head -c 32 /dev/urandom | base64 > %s)", c.SecretFile, c.SecretFile))
+		}
 	}
 	return nil
 }

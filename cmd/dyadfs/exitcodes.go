@@ -13,6 +13,7 @@ const (
 	exitNotMounted  = 8  // the path is not a dyadfs mount (status)
 	exitDaemon      = 9  // the background daemon died before the mount was ready
 	exitWait        = 10 // wait: a file could not be opened, or the timeout passed
+	exitTransport   = 11 // the data transport could not listen
 )
 
 // exitError is an error with the exit code it ends the command with.

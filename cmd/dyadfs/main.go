@@ -20,6 +20,8 @@ Usage:
   dyadfs mount [flags] MOUNTPOINT   mount the managed directory (runs as a daemon)
   dyadfs status [--json] MOUNTPOINT show a mount's settings and counters
   dyadfs wait [--timeout D] PATH... wait until files are published and here
+  dyadfs key [--key-depth D] [--key-bins B] RELPATH...
+                                    print the metadata key of each path (as DYAD computes it)
   dyadfs version                    print the version
   dyadfs help [COMMAND]             show help
 
@@ -51,6 +53,8 @@ func run(args []string, stdout io.Writer) error {
 		return runStatus(rest, stdout)
 	case "wait":
 		return runWait(rest, stdout)
+	case "key":
+		return runKey(rest, stdout)
 	case "version", "--version":
 		fmt.Fprintln(stdout, versionString())
 		return nil
@@ -83,6 +87,8 @@ func runHelp(args []string, stdout io.Writer) error {
 		return nil
 	case "wait":
 		return runWait([]string{"--help"}, stdout)
+	case "key":
+		return runKey([]string{"--help"}, stdout)
 	}
 	return fail(exitUsage, fmt.Sprintf("no help for %q (see dyadfs help)", args[0]))
 }

@@ -28,7 +28,11 @@ import (
 // mount` reports "ok" or its error to the command that started it.
 const readyFDEnv = "DYADFS_READY_FD"
 
-func runMount(args []string) error {
+func runMount(args []string) (err error) {
+	// A daemon started by `dyadfs mount` reports how its start ended, so
+	// that the command exits as the daemon would have.
+	ready := readyReporter()
+	defer func() { ready(err) }()
 	c, err := defaultMountConfig()
 	if err != nil {
 		return fail(exitUsage, err.Error())
@@ -47,10 +51,10 @@ func runMount(args []string) error {
 	if err := preflight(&c); err != nil {
 		return err
 	}
-	if !c.Foreground {
+	if !c.Foreground && !isDaemon() {
 		return daemonize(&c, args)
 	}
-	return serve(&c, readyReporter())
+	return serve(&c, ready)
 }
 
 // preflight checks what a user can get wrong before anything is started.
@@ -165,11 +169,13 @@ func daemonize(c *mountConfig, args []string) error {
 	defer logf.Close()
 	r, w, err := os.Pipe()
 	if err != nil {
-		return fail(exitInternal, err.Error())
+		return fail(exitInternal, fmt.Sprintf("start the dyadfs daemon: %v", err))
 	}
 	defer r.Close()
 
-	child := exec.Command(self, append(append([]string{"mount"}, args...), "--foreground", "--log-file", c.LogFile)...)
+	// The daemon's own flags go first: a "--" among the user's arguments
+	// would turn anything after it into a mountpoint.
+	child := exec.Command(self, append([]string{"mount", "--foreground", "--log-file", c.LogFile}, args...)...)
 	child.Env = append(os.Environ(), readyFDEnv+"=3")
 	child.ExtraFiles = []*os.File{w}
 	child.Stdout, child.Stderr = logf, logf
@@ -196,11 +202,17 @@ func daemonize(c *mountConfig, args []string) error {
 	return fail(exitDaemon, fmt.Sprintf("the dyadfs daemon exited before the mount was ready (%v): see %s", state, c.LogFile))
 }
 
-// readyReporter returns the function a daemon calls once, with nil when the
-// mount is ready or with the error that stopped it.
+// isDaemon reports whether this process is a daemon started by `dyadfs
+// mount`: it never starts another.
+func isDaemon() bool {
+	_, ok := os.LookupEnv(readyFDEnv)
+	return ok
+}
+
+// readyReporter returns the function a daemon calls (the first call counts)
+// with nil when the mount is ready or with the error that stopped it.
 func readyReporter() func(error) {
 	fdStr, ok := os.LookupEnv(readyFDEnv)
-	os.Unsetenv(readyFDEnv)
 	if !ok {
 		return func(error) {}
 	}
@@ -231,7 +243,11 @@ func readyReporter() func(error) {
 // serve runs the daemon: it opens the store, scans the backing directory,
 // mounts, reports readiness, and serves until unmounted or signalled.
 func serve(c *mountConfig, ready func(error)) (err error) {
-	defer func() { ready(err) }()
+	// Signals that arrive while the mount is being set up unmount it as
+	// soon as it exists.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
 	log, closeLog, err := openLog(c)
 	if err != nil {
 		return err
@@ -244,16 +260,25 @@ func serve(c *mountConfig, ready func(error)) (err error) {
 		return fail(exitStore, fmt.Sprintf("metadata store: %v", err))
 	}
 	defer store.Close()
-	loc := hfl.NewLocator(c.Locator, store, nil)
+	loc, err := hfl.NewLocator(c.Locator, store, nil)
+	if err != nil {
+		return fail(exitUsage, err.Error())
+	}
 	d, err := dmd.New(c.DMD, loc, log)
 	if err != nil {
 		return fail(exitBacking, err.Error())
 	}
+	defer d.Close()
 	res, err := d.Scan(ctx)
 	if err != nil {
 		return fail(exitBacking, fmt.Sprintf("scan %s: %v", c.DMD.Backing, err))
 	}
 	log.Info("backing directory scanned", "published", res.Published, "incomplete", res.Incomplete)
+	share, err := startSharing(ctx, c, loc, d, log)
+	if err != nil {
+		return err
+	}
+	defer share.close()
 
 	c.FS.Mountpoint = c.Mountpoint
 	c.FS.Info = map[string]string{
@@ -263,10 +288,15 @@ func serve(c *mountConfig, ready func(error)) (err error) {
 		"log_file":     c.LogFile,
 		"wait_timeout": durationOrZero(c.DMD.WaitTimeout),
 	}
+	if share != nil {
+		c.FS.Info["transport"] = c.DTL + " " + share.transport.Addr()
+		c.FS.Extra = share.status
+	}
 	fsys, err := fs.Mount(c.FS, d, log)
 	if err != nil {
 		return fail(exitMountFailed, err.Error())
 	}
+	os.Unsetenv(readyFDEnv)
 	ready(nil)
 	if c.CPUProfile != "" {
 		if f, err := os.Create(c.CPUProfile); err == nil {
@@ -276,9 +306,6 @@ func serve(c *mountConfig, ready func(error)) (err error) {
 		}
 	}
 
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
 	go func() {
 		s, ok := <-sigs
 		if !ok {

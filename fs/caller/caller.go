@@ -272,40 +272,45 @@ func baseDir(tid uint32, dirfd int32) (string, error) {
 
 // Tgid returns the process (thread group) id of thread tid.
 func Tgid(tid uint32) (uint32, error) {
-	raw, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(tid), 10) + "/status")
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
-			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
-			if err != nil {
-				return 0, fmt.Errorf("tgid %q: %w", v, err)
-			}
-			return uint32(n), nil
-		}
-	}
-	return 0, errors.New("no Tgid line in status")
+	tgid, _, err := status(tid)
+	return tgid, err
 }
 
 // Groups returns the supplementary group ids of thread tid.
 func Groups(tid uint32) ([]uint32, error) {
-	raw, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(tid), 10) + "/status")
+	_, groups, err := status(tid)
+	return groups, err
+}
+
+// status reads the process id and the supplementary groups of thread tid
+// from /proc/<tid>/status.
+func status(tid uint32) (tgid uint32, groups []uint32, err error) {
+	var buf [4096]byte
+	n, err := procFiles.read(tid, "status", buf[:], 0)
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(line, "Groups:"); ok {
-			var gids []uint32
-			for _, g := range strings.Fields(v) {
-				n, err := strconv.ParseUint(g, 10, 32)
-				if err != nil {
-					return nil, fmt.Errorf("group %q: %w", g, err)
-				}
-				gids = append(gids, uint32(n))
+	haveTgid := false
+	for _, line := range strings.Split(string(buf[:n]), "\n") {
+		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+			t, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
+			if err != nil {
+				return 0, nil, fmt.Errorf("tgid %q: %w", v, err)
 			}
-			return gids, nil
+			tgid, haveTgid = uint32(t), true
+		} else if v, ok := strings.CutPrefix(line, "Groups:"); ok {
+			for _, g := range strings.Fields(v) {
+				id, err := strconv.ParseUint(g, 10, 32)
+				if err != nil {
+					return 0, nil, fmt.Errorf("group %q: %w", g, err)
+				}
+				groups = append(groups, uint32(id))
+			}
+			break
 		}
 	}
-	return nil, errors.New("no Groups line in status")
+	if !haveTgid {
+		return 0, nil, errors.New("no Tgid line in /proc/<tid>/status")
+	}
+	return tgid, groups, nil
 }

@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/dyadfs/dyadfs/hfl"
 )
 
@@ -71,6 +73,9 @@ var (
 	// ErrNoTransport: the file lives on another node and no data transport
 	// is configured.
 	ErrNoTransport = errors.New("file is on another node and no data transport is configured")
+	// ErrFetch: the file could not be brought from its owner (EIO), whatever
+	// the cause (a dead owner, a cut link, a timeout).
+	ErrFetch = errors.New("transfer from the owner failed")
 )
 
 // FileID names a backing inode.
@@ -102,17 +107,13 @@ type DMD struct {
 	// watches holds, per path, a channel closed at the next local change
 	// that may complete the path.
 	watches map[string]*pathWatch
-}
-
-type writeState struct {
-	writers    int
-	tids       map[uint32]int // threads that opened write handles
-	incomplete bool           // found with a crash marker at start
-	dirty      bool           // created or truncated by a writer
-	before     fileStamp      // attributes when the first writer opened it
-	haveBefore bool
-	marked     bool          // the crash marker is set on disk
-	done       chan struct{} // closed when the file stops being busy
+	// retries holds paths whose publish failed; retrying says whether the
+	// retry loop runs.
+	retries  map[string]struct{}
+	retrying bool
+	// backingFd is the backing directory, opened once; served paths are
+	// resolved beneath it.
+	backingFd int
 }
 
 type pathWatch struct {
@@ -151,6 +152,16 @@ func New(cfg Config, loc *hfl.Locator, log *slog.Logger) (*DMD, error) {
 	if err := os.MkdirAll(d.internalPath(), 0o700); err != nil {
 		return nil, fmt.Errorf("create %s: %w", d.internalPath(), err)
 	}
+	// Transfers interrupted by a crash leave temporary files: remove them.
+	os.RemoveAll(d.TempDir())
+	if err := os.Mkdir(d.TempDir(), 0o700); err != nil {
+		return nil, fmt.Errorf("create %s: %w", d.TempDir(), err)
+	}
+	fd, err := syscall.Open(cfg.Backing, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open backing directory: %w", err)
+	}
+	d.backingFd = fd
 	d.markers = probeMarkers(d.internalPath())
 	if !d.markers {
 		log.Warn("backing store does not support user xattrs: files half-written when dyadfs dies cannot be told from complete ones", "backing", cfg.Backing)
@@ -170,12 +181,23 @@ func (d *DMD) CrashMarkers() bool { return d.markers }
 
 func (d *DMD) internalPath() string { return filepath.Join(d.cfg.Backing, InternalDir) }
 
+// TempDir is where transfers write files before renaming them into place:
+// in the backing store, so that the rename is atomic, and hidden.
+func (d *DMD) TempDir() string { return filepath.Join(d.internalPath(), "tmp") }
+
 // BackingPath returns the backing path of a clean relative path.
 func (d *DMD) BackingPath(rel string) string { return filepath.Join(d.cfg.Backing, rel) }
 
 // Shutdown ends every wait with ErrShutdown and refuses new ones.
 func (d *DMD) Shutdown() {
 	d.shutdownOnce.Do(func() { close(d.shutdown) })
+}
+
+// Close ends every wait and releases the backing directory. Nothing may use
+// the DMD afterwards (stop the transport's server first).
+func (d *DMD) Close() error {
+	d.Shutdown()
+	return syscall.Close(d.backingFd)
 }
 
 // waitContext applies the configured wait timeout.

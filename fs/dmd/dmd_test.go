@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -30,7 +31,10 @@ func newFixture(t *testing.T, mod func(*Config)) *fixture {
 	}
 	store := hfl.NewEmbeddedStore()
 	t.Cleanup(func() { store.Close() })
-	loc := hfl.NewLocator(hfl.DefaultLocatorConfig(), store, nil)
+	loc, err := hfl.NewLocator(hfl.DefaultLocatorConfig(), store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	d, err := New(cfg, loc, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +63,7 @@ func (fx *fixture) create(rel string) (*Writer, *os.File) {
 	}
 	var st syscall.Stat_t
 	syscall.Fstat(int(f.Fd()), &st)
-	w := fx.d.BeginWrite(IDOf(&st), 1, true)
+	w := fx.d.BeginWrite(IDOf(&st), 1, rel, true)
 	w.Opened(int(f.Fd()))
 	return w, f
 }
@@ -71,7 +75,7 @@ func (fx *fixture) openWrite(rel string, flags int) (*Writer, *os.File) {
 	if err := syscall.Stat(p, &st); err != nil {
 		fx.t.Fatal(err)
 	}
-	w := fx.d.BeginWrite(IDOf(&st), 1, flags&os.O_TRUNC != 0)
+	w := fx.d.BeginWrite(IDOf(&st), 1, rel, false)
 	f, err := os.OpenFile(p, flags, 0)
 	if err != nil {
 		w.Abort()
@@ -102,7 +106,7 @@ func TestPublishOnLastRelease(t *testing.T) {
 	if _, err := fx.record("a/b.dat"); !errors.Is(err, hfl.ErrNotFound) {
 		t.Fatalf("published while a writer is left: %v", err)
 	}
-	if _, ok := fx.d.LocalRecord("a/b.dat"); ok {
+	if _, ok := fx.d.LocalRecord(context.Background(), "a/b.dat"); ok {
 		t.Fatal("file complete while a writer is left")
 	}
 	f2.WriteAt([]byte("world"), 6)
@@ -163,6 +167,14 @@ func TestWaitCompleteBlocksUntilRelease(t *testing.T) {
 	syscall.Fstat(int(f.Fd()), &st)
 	done := make(chan error, 1)
 	go func() { done <- fx.d.WaitComplete(fx.ctx(), IDOf(&st), 0) }()
+	for fx.d.Stats().OpensWaited == 0 {
+		select {
+		case err := <-done:
+			t.Fatalf("WaitComplete returned %v while the file was being written", err)
+		default:
+			runtime.Gosched()
+		}
+	}
 	f.WriteString(" and the rest")
 	fx.end(w, f, "f")
 	if err := <-done; err != nil {
@@ -182,7 +194,7 @@ func TestWaitCompleteSameProcessDoesNotWait(t *testing.T) {
 	var st syscall.Stat_t
 	syscall.Fstat(int(f.Fd()), &st)
 	self := uint32(syscall.Gettid())
-	w := fx.d.BeginWrite(IDOf(&st), self, true)
+	w := fx.d.BeginWrite(IDOf(&st), self, "f", true)
 	fx.d.EndCreate("f")
 	w.Opened(int(f.Fd()))
 	// Another thread of this process asks: it must not wait for itself.
@@ -274,7 +286,7 @@ func TestScanRepublishesAndHoldsIncomplete(t *testing.T) {
 	if _, err := fx.record("d/done"); err != nil {
 		t.Fatalf("complete file not republished: %v", err)
 	}
-	if _, ok := fx.d.LocalRecord("half"); ok {
+	if _, ok := fx.d.LocalRecord(context.Background(), "half"); ok {
 		t.Fatal("half-written file looks complete")
 	}
 	// Writing it again publishes it.

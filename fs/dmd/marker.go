@@ -3,8 +3,7 @@ package dmd
 import (
 	"errors"
 	"os"
-	"path/filepath"
-	"syscall"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 )
@@ -15,9 +14,33 @@ import (
 // not published, and readers wait until it is written again.
 const markerXattr = "user.dyadfs.incomplete"
 
-// IsInternalXattr reports whether name is dyadfs's own attribute, which the
-// mount neither shows nor lets users change.
-func IsInternalXattr(name string) bool { return name == markerXattr }
+// replicaXattr marks a file fetched from its owner ("node@generation"): a
+// restarted daemon does not publish it as its own, and a writer that
+// changes it here becomes its owner.
+const replicaXattr = "user.dyadfs.replica"
+
+// IsInternalXattr reports whether name is one of dyadfs's own attributes,
+// which the mount neither shows nor lets users change.
+func IsInternalXattr(name string) bool { return name == markerXattr || name == replicaXattr }
+
+// MarkReplica marks f, fetched from rec's owner, as a replica. It is the
+// fetcher's last step before the file is renamed into place.
+func (d *DMD) MarkReplica(f *os.File, owner string, generation uint64) error {
+	if !d.markers {
+		return nil
+	}
+	v := owner + "@" + strconv.FormatUint(generation, 10)
+	return unix.Fsetxattr(int(f.Fd()), replicaXattr, []byte(v), 0)
+}
+
+func isReplica(path string) bool {
+	_, err := unix.Lgetxattr(path, replicaXattr, nil)
+	return err == nil
+}
+
+func clearReplica(fd int) {
+	unix.Fremovexattr(fd, replicaXattr)
+}
 
 func probeMarkers(dir string) bool {
 	f, err := os.CreateTemp(dir, "probe-*")
@@ -44,9 +67,4 @@ func clearMarker(fd int) error {
 func hasMarker(path string) bool {
 	_, err := unix.Lgetxattr(path, markerXattr, nil)
 	return err == nil
-}
-
-// lstatPath is syscall.Lstat with the path joined under dir.
-func lstatPath(dir, rel string, st *syscall.Stat_t) error {
-	return syscall.Lstat(filepath.Join(dir, rel), st)
 }

@@ -10,15 +10,28 @@ import (
 // Removed is called after rel was unlinked. Its record is withdrawn; if the
 // inode id has no name left, a half-written state it had is forgotten.
 func (d *DMD) Removed(ctx context.Context, rel string, id FileID, lastName bool) {
-	if lastName {
-		d.mu.Lock()
-		if ws := d.busy[id]; ws != nil && ws.writers == 0 {
-			delete(d.busy, id)
-			close(ws.done)
+	d.mu.Lock()
+	if ws := d.busy[id]; ws != nil {
+		delete(ws.names, rel)
+		if lastName && ws.writers == 0 && !ws.ending {
+			d.finishLocked(id, ws)
 		}
-		d.mu.Unlock()
 	}
+	d.mu.Unlock()
 	d.unpublish(ctx, rel)
+}
+
+// Replaced is called when a rename replaced file id (the old target): a
+// half-written state it had ends with its last name.
+func (d *DMD) Replaced(id FileID, lastName bool) {
+	if !lastName {
+		return
+	}
+	d.mu.Lock()
+	if ws := d.busy[id]; ws != nil && ws.writers == 0 && !ws.ending {
+		d.finishLocked(id, ws)
+	}
+	d.mu.Unlock()
 }
 
 // Renamed is called after oldRel was renamed to newRel. The records follow
@@ -62,7 +75,8 @@ func (d *DMD) eachFile(rel string, fn func(sub string)) {
 // handle (a rename or link onto it, a chmod, a truncate by path). If the
 // file is complete it is published again, and waiters for rel look again.
 func (d *DMD) Changed(ctx context.Context, rel string) {
-	rec, ok := d.LocalRecord(rel)
+	d.noteName(rel)
+	rec, ok := d.LocalRecord(ctx, rel)
 	d.notify(rel)
 	if !ok {
 		return

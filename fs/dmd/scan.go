@@ -20,9 +20,11 @@ type ScanResult struct {
 
 // Scan walks the backing store once, before the filesystem serves requests.
 // Complete files are published again, so that a restarted daemon loses
-// nothing. Files still carrying a crash marker were being written when the
+// nothing; copies fetched from other nodes are not (their owners publish
+// them). Files still carrying a crash marker were being written when the
 // previous daemon died: they stay unpublished and readers wait until they are
-// written again.
+// written again. With shared storage every daemon sees the same files and
+// the store keeps their records, so nothing is republished.
 func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 	var res ScanResult
 	var mu sync.Mutex
@@ -33,7 +35,7 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 		go func() {
 			defer wg.Done()
 			for rel := range work {
-				rec, ok := d.LocalRecord(rel)
+				rec, ok := d.LocalRecord(ctx, rel)
 				if !ok {
 					continue
 				}
@@ -62,6 +64,10 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 			return nil
 		}
 		rel = filepath.ToSlash(rel)
+		if d.markers && isReplica(p) {
+			// A copy fetched from its owner: the owner publishes it.
+			return nil
+		}
 		if d.markers && hasMarker(p) {
 			var st syscall.Stat_t
 			if err := syscall.Lstat(p, &st); err == nil {
@@ -71,7 +77,9 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 			}
 			return nil
 		}
-		work <- rel
+		if !d.cfg.SharedStorage {
+			work <- rel
+		}
 		return nil
 	})
 	close(work)
@@ -86,6 +94,8 @@ func (d *DMD) holdIncomplete(id FileID) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.busy[id] == nil {
-		d.busy[id] = &writeState{tids: make(map[uint32]int), done: make(chan struct{}), incomplete: true, marked: true}
+		ws := newWriteState()
+		ws.incomplete, ws.marked = true, true
+		d.busy[id] = ws
 	}
 }

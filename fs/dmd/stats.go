@@ -19,6 +19,7 @@ type counters struct {
 	waitInterrupts atomic.Uint64
 	fetches        atomic.Uint64
 	fetchErrors    atomic.Uint64
+	serves         atomic.Uint64
 	scanPublished  atomic.Uint64
 	scanIncomplete atomic.Uint64
 }
@@ -49,39 +50,40 @@ type Stats struct {
 	WaitInterrupts uint64  `json:"wait_interrupts"`
 	Fetches        uint64  `json:"fetches"`
 	FetchErrors    uint64  `json:"fetch_errors"`
+	Serves         uint64  `json:"serves"`
 	ScanPublished  uint64  `json:"scan_published"`
 	ScanIncomplete uint64  `json:"scan_incomplete"`
 	BusyFiles      int     `json:"busy_files"`
 	Waiting        int     `json:"waiting_paths"`
+	// PendingPublishes are files whose publish failed and is retried.
+	PendingPublishes int `json:"pending_publishes"`
 }
 
 // Stats returns a snapshot of the counters.
 func (d *DMD) Stats() Stats {
 	d.mu.Lock()
-	busy, waiting := len(d.busy), len(d.watches)
+	busy, waiting, pending := len(d.busy), len(d.watches), len(d.retries)
 	d.mu.Unlock()
 	c := &d.stats
 	return Stats{
-		WriteOpens:     c.writeOpens.Load(),
-		WriteReleases:  c.writeReleases.Load(),
-		Publishes:      c.publishes.Load(),
-		PublishErrors:  c.publishErrors.Load(),
-		Fsyncs:         c.fsyncs.Load(),
-		Unpublishes:    c.unpublishes.Load(),
-		OpensWaited:    c.opensWaited.Load(),
-		WaitSeconds:    time.Duration(c.waitNanos.Load()).Seconds(),
-		WaitMaxSeconds: time.Duration(c.waitMaxNanos.Load()).Seconds(),
-		WaitTimeouts:   c.waitTimeouts.Load(),
-		WaitInterrupts: c.waitInterrupts.Load(),
-		Fetches:        c.fetches.Load(),
-		FetchErrors:    c.fetchErrors.Load(),
-		ScanPublished:  c.scanPublished.Load(),
-		ScanIncomplete: c.scanIncomplete.Load(),
-		BusyFiles:      busy,
-		Waiting:        waiting,
+		WriteOpens:       c.writeOpens.Load(),
+		WriteReleases:    c.writeReleases.Load(),
+		Publishes:        c.publishes.Load(),
+		PublishErrors:    c.publishErrors.Load(),
+		Fsyncs:           c.fsyncs.Load(),
+		Unpublishes:      c.unpublishes.Load(),
+		OpensWaited:      c.opensWaited.Load(),
+		WaitSeconds:      time.Duration(c.waitNanos.Load()).Seconds(),
+		WaitMaxSeconds:   time.Duration(c.waitMaxNanos.Load()).Seconds(),
+		WaitTimeouts:     c.waitTimeouts.Load(),
+		WaitInterrupts:   c.waitInterrupts.Load(),
+		Fetches:          c.fetches.Load(),
+		FetchErrors:      c.fetchErrors.Load(),
+		Serves:           c.serves.Load(),
+		ScanPublished:    c.scanPublished.Load(),
+		ScanIncomplete:   c.scanIncomplete.Load(),
+		BusyFiles:        busy,
+		Waiting:          waiting,
+		PendingPublishes: pending,
 	}
 }
-
-// now and since are the clock, kept in one place.
-func now() time.Time                  { return time.Now() }
-func since(t time.Time) time.Duration { return time.Since(t) }

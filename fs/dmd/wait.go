@@ -5,15 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+	"time"
 
+	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/hfl"
 )
 
 // Fetcher brings a file published by another node into this node's backing
-// store. The data transport layer implements it.
+// store; dtl.Fetcher is the implementation.
 type Fetcher interface {
 	// Fetch makes rec.Path complete in the backing store at dst, or fails
-	// leaving nothing at dst.
+	// leaving nothing at dst. It fails with dtl.ErrStale when the owner
+	// no longer has the version rec describes.
 	Fetch(ctx context.Context, rec hfl.Record, dst string) error
 }
 
@@ -23,10 +26,12 @@ func (d *DMD) SetFetcher(f Fetcher) { d.fetcher = f }
 
 // LocalRecord implements hfl.LocalIndex: it returns the record of rel if the
 // file is complete in the backing store (not being written, not being
-// created, not left half-written).
-func (d *DMD) LocalRecord(rel string) (hfl.Record, bool) {
+// created, not left half-written). With shared storage, where other nodes
+// write into the same directory unseen, a file is complete only when a
+// published record describes it as it is.
+func (d *DMD) LocalRecord(ctx context.Context, rel string) (hfl.Record, bool) {
 	var st syscall.Stat_t
-	if err := syscall.Stat(d.BackingPath(rel), &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+	if err := syscall.Lstat(d.BackingPath(rel), &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
 		return hfl.Record{}, false
 	}
 	d.mu.Lock()
@@ -35,21 +40,48 @@ func (d *DMD) LocalRecord(rel string) (hfl.Record, bool) {
 	if busy {
 		return hfl.Record{}, false
 	}
+	if d.cfg.SharedStorage {
+		pub, err := d.loc.Published(ctx, rel)
+		if err != nil || pub.Size != st.Size || pub.MtimeNs != st.Mtim.Nano() {
+			return hfl.Record{}, false
+		}
+		return pub, true
+	}
 	return recordOf(rel, d.cfg.Node, &st), true
+}
+
+// notRegularHere fails when something other than a regular file is at rel:
+// a reader waiting for a file there would wait forever.
+func (d *DMD) notRegularHere(rel string) error {
+	var st syscall.Stat_t
+	if syscall.Lstat(d.BackingPath(rel), &st) != nil || st.Mode&syscall.S_IFMT == syscall.S_IFREG {
+		return nil
+	}
+	if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		return fmt.Errorf("%s is a directory: %w", rel, ErrNotRegular)
+	}
+	return fmt.Errorf("%s is not a regular file: %w", rel, ErrNotRegular)
+}
+
+// existsHere reports whether something is at rel in the backing store,
+// complete or not.
+func (d *DMD) existsHere(rel string) bool {
+	var st syscall.Stat_t
+	return syscall.Lstat(d.BackingPath(rel), &st) == nil
 }
 
 // WaitPath blocks until the file rel is complete in the backing store and
 // returns its backing path. A file published by another node is fetched.
 // The wait ends with ErrWaitTimeout, ErrShutdown, or ctx's error.
 func (d *DMD) WaitPath(ctx context.Context, rel string) (string, error) {
-	if rec, ok := d.LocalRecord(rel); ok {
-		return d.BackingPath(rec.Path), nil
+	if _, ok := d.LocalRecord(ctx, rel); ok {
+		return d.BackingPath(rel), nil
 	}
 	ctx, cancel := d.waitContext(ctx)
 	defer cancel()
-	start := now()
+	start := time.Now()
 	d.stats.opensWaited.Add(1)
-	defer func() { d.stats.waited(since(start)) }()
+	defer func() { d.stats.waited(time.Since(start)) }()
 
 	for {
 		// Watch before looking, so that a change between the look and
@@ -72,6 +104,9 @@ func (d *DMD) WaitPath(ctx context.Context, rel string) (string, error) {
 // when the file is complete here (fetching it if it is complete elsewhere),
 // or the generation to wait past.
 func (d *DMD) locateOnce(ctx context.Context, rel string) (path string, after uint64, err error) {
+	if err := d.notRegularHere(rel); err != nil {
+		return "", 0, err
+	}
 	rec, level, err := d.loc.Locate(ctx, rel)
 	switch {
 	case errors.Is(err, hfl.ErrNotFound):
@@ -80,28 +115,38 @@ func (d *DMD) locateOnce(ctx context.Context, rel string) (path string, after ui
 		if ctx.Err() != nil {
 			return "", 0, d.waitErr(ctx)
 		}
-		return "", 0, fmt.Errorf("locate %s: %w", rel, err)
+		// The store is unreachable (restarting, say): keep waiting; the
+		// wait reconnects and sees what is published meanwhile.
+		d.log.Warn("metadata store unavailable while locating; waiting", "path", rel, "err", err)
+		return "", 0, nil
 	case level == hfl.LevelLocal:
 		return d.BackingPath(rel), 0, nil
 	}
-	if rec.Owner == d.cfg.Node || d.cfg.SharedStorage {
-		// Published from this backing store but not complete here
-		// (being rewritten, or removed): wait for a newer publish.
+	if rec.Owner == d.cfg.Node || d.cfg.SharedStorage || d.existsHere(rel) {
+		// Published from this backing store (or visible in it) but not
+		// complete here: being written, rewritten or removed. Wait for
+		// the local writer or a newer publish rather than fetch over it.
 		return "", rec.Generation, nil
 	}
 	if d.fetcher == nil {
 		return "", 0, fmt.Errorf("%s published by node %s: %w", rel, rec.Owner, ErrNoTransport)
 	}
 	d.stats.fetches.Add(1)
-	if err := d.fetcher.Fetch(ctx, rec, d.BackingPath(rel)); err != nil {
-		d.stats.fetchErrors.Add(1)
-		if ctx.Err() != nil {
-			return "", 0, d.waitErr(ctx)
-		}
-		return "", 0, fmt.Errorf("fetch %s from %s: %w", rel, rec.Owner, err)
+	err = d.fetcher.Fetch(ctx, rec, d.BackingPath(rel))
+	switch {
+	case err == nil:
+		d.notify(rel)
+		return "", 0, nil // look again: the file is here now
+	case errors.Is(err, dtl.ErrStale):
+		// The owner removed or is rewriting that version: wait for the
+		// next publish.
+		d.loc.Forget(rel)
+		return "", rec.Generation, nil
+	case ctx.Err() != nil:
+		return "", 0, d.waitErr(ctx)
 	}
-	d.notify(rel)
-	return "", 0, nil // look again: the file is here now
+	d.stats.fetchErrors.Add(1)
+	return "", 0, fmt.Errorf("%w: %s from %s: %w", ErrFetch, rel, rec.Owner, err)
 }
 
 // waitChange blocks until a local change of rel (w fires), a publish of rel

@@ -3,16 +3,53 @@ package dmd
 import (
 	"context"
 	"syscall"
+	"time"
 
 	"github.com/dyadfs/dyadfs/fs/caller"
 	"github.com/dyadfs/dyadfs/hfl"
 )
 
+// A file's writeState lives from its first write handle until it is
+// finished, exactly once, by finishLocked: when its last writer has made it
+// durable (if asked) and let readers in, or when its last name goes while no
+// writer holds it. Between the last writer's release and that moment the
+// state is "ending": a new writer may still join it (then the ending writer
+// leaves the publish to the new one), but nothing else finishes it.
+type writeState struct {
+	writers    int
+	pids       map[uint32]int      // processes holding write handles
+	names      map[string]struct{} // names the file had while written
+	incomplete bool                // found with a crash marker at start
+	dirty      bool                // created by a writer
+	before     fileStamp           // attributes when the first writer opened it
+	haveBefore bool
+	marked     bool // the crash marker is set on disk
+	ending     bool // the last writer is finishing it
+	finished   bool
+	done       chan struct{} // closed when finished
+}
+
+func newWriteState() *writeState {
+	return &writeState{pids: make(map[uint32]int), names: make(map[string]struct{}), done: make(chan struct{})}
+}
+
+// finishLocked ends ws: readers of id are let in. d.mu must be held.
+func (d *DMD) finishLocked(id FileID, ws *writeState) {
+	if ws.finished {
+		return
+	}
+	ws.finished = true
+	if d.busy[id] == ws {
+		delete(d.busy, id)
+	}
+	close(ws.done)
+}
+
 // Writer is one write handle on a backing file.
 type Writer struct {
 	d   *DMD
 	id  FileID
-	tid uint32
+	pid uint32
 	ws  *writeState
 }
 
@@ -35,23 +72,36 @@ func (d *DMD) EndCreate(rel string) {
 	d.mu.Unlock()
 }
 
-// BeginWrite registers a write handle on file id for thread tid. Call it
-// before opening the backing file for writing, so that a truncating open is
-// never seen half-way by a reader. dirty says the open creates or truncates
-// the file.
-func (d *DMD) BeginWrite(id FileID, tid uint32, dirty bool) *Writer {
+// BeginWrite registers a write handle on file id, opened as rel by thread
+// tid. Call it before opening the backing file for writing, so that a
+// truncating open is never seen half-way by a reader. created says the open
+// creates the file.
+func (d *DMD) BeginWrite(id FileID, tid uint32, rel string, created bool) *Writer {
+	pid := processOf(tid)
 	d.mu.Lock()
 	ws := d.busy[id]
 	if ws == nil {
-		ws = &writeState{tids: make(map[uint32]int), done: make(chan struct{})}
+		ws = newWriteState()
 		d.busy[id] = ws
 	}
 	ws.writers++
-	ws.tids[tid]++
-	ws.dirty = ws.dirty || dirty
+	ws.pids[pid]++
+	if rel != "" {
+		ws.names[rel] = struct{}{}
+	}
+	ws.dirty = ws.dirty || created
 	d.mu.Unlock()
 	d.stats.writeOpens.Add(1)
-	return &Writer{d: d, id: id, tid: tid, ws: ws}
+	return &Writer{d: d, id: id, pid: pid, ws: ws}
+}
+
+// processOf returns the process of thread tid, or tid itself if it cannot
+// be read (then only that thread counts as the writer).
+func processOf(tid uint32) uint32 {
+	if pid, err := caller.Tgid(tid); err == nil {
+		return pid
+	}
+	return tid
 }
 
 // Opened records that the backing file is open as fd: it marks the file
@@ -79,46 +129,53 @@ func (w *Writer) Opened(fd int) {
 	d.mu.Unlock()
 }
 
+// dropLocked removes the handle from its state. d.mu must be held.
+func (w *Writer) dropLocked() {
+	w.ws.writers--
+	if w.ws.pids[w.pid]--; w.ws.pids[w.pid] <= 0 {
+		delete(w.ws.pids, w.pid)
+	}
+}
+
 // Abort drops a write handle whose backing open failed. It publishes nothing.
 func (w *Writer) Abort() {
 	d := w.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	w.dropLocked()
-	if w.ws.writers == 0 && !w.ws.incomplete && !w.ws.marked {
-		delete(d.busy, w.id)
-		close(w.ws.done)
+	if w.ws.writers == 0 && !w.ws.ending && !w.ws.incomplete {
+		d.finishLocked(w.id, w.ws)
 	}
 }
 
-func (w *Writer) dropLocked() {
-	w.ws.writers--
-	if w.ws.tids[w.tid]--; w.ws.tids[w.tid] <= 0 {
-		delete(w.ws.tids, w.tid)
-	}
-}
-
-// End releases the write handle; fd is its backing file, still open. When it
-// is the last write handle, End makes the data durable if configured, lets
-// readers in and publishes the file under rel, its current path, if the
-// writers changed it and it still has a name.
+// End releases the write handle; fd is its backing file, still open, and rel
+// its current path as the caller knows it ("" if unknown). When it is the
+// last write handle, End makes the data durable if configured, lets readers
+// in, and publishes the file, if the writers changed it, under every name
+// that still is this file: rel and the names it was given while written
+// (renames and links during a write are common: write, then rename into
+// place).
 func (w *Writer) End(ctx context.Context, fd int, rel string) error {
 	d := w.d
 	defer d.stats.writeReleases.Add(1)
+	ws := w.ws
 	d.mu.Lock()
 	w.dropLocked()
-	last := w.ws.writers == 0
-	d.mu.Unlock()
-	if !last {
+	if ws.writers > 0 {
+		d.mu.Unlock()
 		return nil
 	}
+	ws.ending = true
+	if rel != "" {
+		ws.names[rel] = struct{}{}
+	}
+	d.mu.Unlock()
 
 	var st syscall.Stat_t
 	if err := syscall.Fstat(fd, &st); err != nil {
-		d.release(w, fd, false)
+		d.keepIncomplete(ws)
 		return err
 	}
-	ws := w.ws
 	d.mu.Lock()
 	changed := ws.dirty || ws.incomplete || !ws.haveBefore || stampOf(&st) != ws.before
 	d.mu.Unlock()
@@ -127,48 +184,80 @@ func (w *Writer) End(ctx context.Context, fd int, rel string) error {
 			// Not durable: keep it unpublished and marked.
 			d.log.Error("fsync before publish failed; file not published", "path", rel, "err", err)
 			d.stats.publishErrors.Add(1)
-			d.release(w, fd, false)
+			d.keepIncomplete(ws)
 			return err
 		}
 		d.stats.fsyncs.Add(1)
 	}
-	if !d.release(w, fd, true) {
-		return nil // a new writer came in; it publishes when done
+	if changed && d.markers {
+		// Changed here, a fetched copy is this node's own file now.
+		clearReplica(fd)
 	}
-	if st.Nlink == 0 {
-		return nil // unlinked while open: nothing to publish
-	}
-	d.notify(rel)
-	if !changed {
-		return nil
-	}
-	return d.publish(ctx, recordOf(rel, d.cfg.Node, &st))
-}
 
-// release ends the busy state of a file whose last writer is gone. A
-// complete file loses its crash marker and readers are let in; an incomplete
-// one (its data could not be made durable) stays busy and marked. It reports
-// whether the file stopped being busy: false also when a new writer came in.
-func (d *DMD) release(w *Writer, fd int, complete bool) bool {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	ws := w.ws
 	if ws.writers > 0 {
-		return false
-	}
-	if !complete {
-		ws.incomplete = true
-		return false
+		// A new writer came in; it publishes when it is done.
+		ws.ending = false
+		d.mu.Unlock()
+		return nil
 	}
 	if ws.marked {
 		if err := clearMarker(fd); err != nil {
-			d.log.Warn("cannot clear the being-written mark", "err", err)
+			d.log.Warn("cannot clear the being-written mark", "path", rel, "err", err)
 		}
 		ws.marked = false
 	}
-	delete(d.busy, w.id)
-	close(ws.done)
-	return true
+	names := make([]string, 0, len(ws.names))
+	for name := range ws.names {
+		names = append(names, name)
+	}
+	d.finishLocked(w.id, ws)
+	d.mu.Unlock()
+
+	if st.Nlink == 0 {
+		return nil // unlinked while open: nothing to publish
+	}
+	for _, name := range names {
+		if !d.names(name, w.id) {
+			continue
+		}
+		d.notify(name)
+		if changed {
+			d.publish(ctx, recordOf(name, d.cfg.Node, &st))
+		}
+	}
+	return nil
+}
+
+// keepIncomplete leaves a file whose last writer failed busy and marked:
+// readers wait until it is written again.
+func (d *DMD) keepIncomplete(ws *writeState) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if ws.writers == 0 {
+		ws.incomplete = true
+	}
+	ws.ending = false
+}
+
+// names reports whether rel, in the backing store, is file id.
+func (d *DMD) names(rel string, id FileID) bool {
+	var st syscall.Stat_t
+	return syscall.Lstat(d.BackingPath(rel), &st) == nil && IDOf(&st) == id
+}
+
+// noteName records that the file at rel, if it is being written, now also
+// has that name, so that its last writer publishes it there.
+func (d *DMD) noteName(rel string) {
+	var st syscall.Stat_t
+	if syscall.Lstat(d.BackingPath(rel), &st) != nil {
+		return
+	}
+	d.mu.Lock()
+	if ws := d.busy[IDOf(&st)]; ws != nil && !ws.finished {
+		ws.names[rel] = struct{}{}
+	}
+	d.mu.Unlock()
 }
 
 // WaitComplete blocks while file id is being written, unless the calling
@@ -177,22 +266,23 @@ func (d *DMD) release(w *Writer, fd int, complete bool) bool {
 func (d *DMD) WaitComplete(ctx context.Context, id FileID, tid uint32) error {
 	d.mu.Lock()
 	ws := d.busy[id]
-	var tids []uint32
-	if ws != nil {
-		for t := range ws.tids {
-			tids = append(tids, t)
-		}
-	}
 	d.mu.Unlock()
-	if ws == nil || sameProcess(tid, tids) {
+	if ws == nil {
+		return nil
+	}
+	pid := processOf(tid)
+	d.mu.Lock()
+	own := ws.pids[pid] > 0
+	d.mu.Unlock()
+	if own {
 		return nil
 	}
 
 	ctx, cancel := d.waitContext(ctx)
 	defer cancel()
-	start := now()
+	start := time.Now()
 	d.stats.opensWaited.Add(1)
-	defer func() { d.stats.waited(since(start)) }()
+	defer func() { d.stats.waited(time.Since(start)) }()
 	for {
 		d.mu.Lock()
 		ws := d.busy[id]
@@ -210,27 +300,6 @@ func (d *DMD) WaitComplete(ctx context.Context, id FileID, tid uint32) error {
 	}
 }
 
-// sameProcess reports whether thread tid belongs to the process of any of
-// others.
-func sameProcess(tid uint32, others []uint32) bool {
-	if len(others) == 0 || tid == 0 {
-		return false
-	}
-	mine, err := caller.Tgid(tid)
-	if err != nil {
-		return false
-	}
-	for _, o := range others {
-		if o == tid {
-			return true
-		}
-		if g, err := caller.Tgid(o); err == nil && g == mine {
-			return true
-		}
-	}
-	return false
-}
-
 func recordOf(rel, owner string, st *syscall.Stat_t) hfl.Record {
 	return hfl.Record{
 		Path:    rel,
@@ -241,10 +310,13 @@ func recordOf(rel, owner string, st *syscall.Stat_t) hfl.Record {
 	}
 }
 
+// publish records rec in the store. A failed publish (the store is
+// unreachable) is queued and retried until it lands or the file changes.
 func (d *DMD) publish(ctx context.Context, rec hfl.Record) error {
 	if _, err := d.loc.Publish(ctx, rec); err != nil {
 		d.stats.publishErrors.Add(1)
-		d.log.Error("publish failed", "path", rec.Path, "err", err)
+		d.log.Error("publish failed; will retry", "path", rec.Path, "err", err)
+		d.retryLater(rec.Path)
 		return err
 	}
 	d.stats.publishes.Add(1)

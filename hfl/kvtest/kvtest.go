@@ -40,6 +40,8 @@ func Run(t *testing.T, newStore Factory) {
 		{"GenerationNotReusedAfterRemove", generationNotReused},
 		{"OddKeys", oddKeys},
 		{"ManyWaiters", manyWaiters},
+		{"RegisterGet", registerGet},
+		{"PutIfAbsentFirstWins", putIfAbsentFirstWins},
 		{"CloseEndsWaits", closeEndsWaits},
 	}
 	for _, tc := range tests {
@@ -296,6 +298,61 @@ func manyWaiters(t *testing.T, s hfl.Store) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+func registerGet(t *testing.T, s hfl.Store) {
+	ctx := ctxFor(t)
+	if _, err := s.Get(ctx, "kvtest/nodes/a"); !errors.Is(err, hfl.ErrNotFound) {
+		t.Fatalf("Get of an unregistered key: %v, want ErrNotFound", err)
+	}
+	if err := s.Register(ctx, "kvtest/nodes/a", []byte("addr-a"), 5*time.Second); err != nil {
+		t.Fatalf("Register: %v", err)
+	}
+	if err := s.Register(ctx, "kvtest/nodes/b", []byte("addr-b"), 5*time.Second); err != nil {
+		t.Fatalf("Register: %v", err)
+	}
+	for k, want := range map[string]string{"kvtest/nodes/a": "addr-a", "kvtest/nodes/b": "addr-b"} {
+		got, err := s.Get(ctx, k)
+		if err != nil || string(got) != want {
+			t.Fatalf("Get(%s) = %q, %v; want %q", k, got, err, want)
+		}
+	}
+	// A registered value is not a record.
+	if _, err := s.Lookup(ctx, "kvtest/nodes/a"); !errors.Is(err, hfl.ErrNotFound) {
+		t.Fatalf("Lookup of a registered value: %v, want ErrNotFound", err)
+	}
+}
+
+func putIfAbsentFirstWins(t *testing.T, s hfl.Store) {
+	ctx := ctxFor(t)
+	const n = 8
+	results := make(chan string, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v, err := s.PutIfAbsent(ctx, "kvtest/secret", []byte(fmt.Sprintf("candidate-%d", i)))
+			if err != nil {
+				t.Errorf("PutIfAbsent: %v", err)
+			}
+			results <- string(v)
+		}()
+	}
+	wg.Wait()
+	close(results)
+	var first string
+	for v := range results {
+		if first == "" {
+			first = v
+		}
+		if v != first {
+			t.Fatalf("PutIfAbsent returned %q and %q: both racers must see the one stored value", first, v)
+		}
+	}
+	if got, err := s.Get(ctx, "kvtest/secret"); err != nil || string(got) != first {
+		t.Fatalf("Get after PutIfAbsent = %q, %v; want %q", got, err, first)
 	}
 }
 

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/dtl/tcp"
+	"github.com/dyadfs/dyadfs/fs/dmd"
+	"github.com/dyadfs/dyadfs/hfl"
+)
+
+// singleNode reports whether the store can only be seen by this daemon,
+// so that no other node can ask for a file.
+func singleNode(storeURL string) bool {
+	scheme, _, _ := strings.Cut(strings.ToLower(storeURL), "://")
+	return scheme == "" || scheme == "embedded"
+}
+
+// newTransport makes the named backend.
+func newTransport(name string, cfg dtl.Config) (dtl.Transport, error) {
+	switch name {
+	case "tcp":
+		return tcp.New(cfg)
+	}
+	return nil, fmt.Errorf("transport %s is not available in this build", name)
+}
+
+// sharing is what a daemon runs to share files with other nodes.
+type sharing struct {
+	transport dtl.Transport
+	fetcher   *dtl.Fetcher
+}
+
+// startSharing starts the data transport serving d's published files,
+// registers this node so that others find it, and gives d a fetcher for
+// files published elsewhere. With a single-node store or shared storage it
+// does nothing.
+func startSharing(ctx context.Context, c *mountConfig, loc *hfl.Locator, d *dmd.DMD, log *slog.Logger) (*sharing, error) {
+	if singleNode(c.StoreURL) {
+		return nil, nil
+	}
+	if c.DMD.SharedStorage {
+		log.Info("shared storage: files are not transferred")
+		return nil, nil
+	}
+	cfg := c.Transport
+	cfg.Log = log
+	if cfg.Secret == nil {
+		secret, err := loc.JobSecret(ctx)
+		if err != nil {
+			return nil, fail(exitStore, err.Error())
+		}
+		cfg.Secret = secret
+	}
+	t, err := newTransport(c.DTL, cfg)
+	if err != nil {
+		return nil, fail(exitUsage, err.Error())
+	}
+	if err := t.Serve(d); err != nil {
+		return nil, fail(exitTransport, fmt.Sprintf("transport %s on %s: %v (pass another --listen)", c.DTL, cfg.Listen, err))
+	}
+	self := hfl.Member{Node: c.DMD.Node, Transport: c.DTL, Addr: t.Addr(), Started: time.Now()}
+	if err := loc.Register(ctx, self, c.LeaseTTL); err != nil {
+		t.Close()
+		return nil, fail(exitStore, err.Error())
+	}
+	f, err := dtl.NewFetcher(dtl.FetcherConfig{
+		Transport: t,
+		Owners:    loc,
+		TempDir:   d.TempDir(),
+		Timeout:   c.FetchTimeout,
+		Prepare: func(f *os.File, rec hfl.Record) error {
+			return d.MarkReplica(f, rec.Owner, rec.Generation)
+		},
+		Log: log,
+	})
+	if err != nil {
+		t.Close()
+		return nil, fail(exitInternal, err.Error())
+	}
+	d.SetFetcher(f)
+	log.Info("sharing files", "transport", c.DTL, "addr", t.Addr(), "node", c.DMD.Node)
+	return &sharing{transport: t, fetcher: f}, nil
+}
+
+// close stops serving peers.
+func (s *sharing) close() {
+	if s != nil {
+		s.transport.Close()
+	}
+}
+
+// status is the transport part of the status file.
+func (s *sharing) status() map[string]any {
+	if s == nil {
+		return nil
+	}
+	st := s.fetcher.Stats()
+	return map[string]any{
+		"transport": map[string]any{
+			"addr":             s.transport.Addr(),
+			"transfers":        st.Transfers.Load(),
+			"bytes":            st.Bytes.Load(),
+			"joined_transfers": st.Joined.Load(),
+			"retries":          st.Retries.Load(),
+			"failed_transfers": st.Failures.Load(),
+		},
+	}
+}

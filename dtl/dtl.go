@@ -1,0 +1,129 @@
+// Package dtl is the data transport layer: it moves the bytes of a
+// published file from the daemon that owns it to a daemon that wants it.
+//
+// One interface, Transport, fits every backend: DYAD's Flux streaming RPC,
+// UCX and Margo, and dyadfs's TCP. A consumer asks an owner for a path and
+// receives the file into a file it provides; an owner serves only published,
+// complete files of its own backing store (Source). The orchestration every
+// backend shares (temporary file, verification, rename into place, one
+// transfer per path, retries, dead owners) lives in Fetcher, once.
+package dtl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+)
+
+// Request asks an owner for a file.
+type Request struct {
+	// Path is clean and relative to the managed directory.
+	Path string
+	// Generation is the record generation the consumer located (0: any).
+	// An owner serves its current version; the reply says which.
+	Generation uint64
+}
+
+// FileInfo describes the file an owner sends. The copy a consumer makes
+// keeps its owner and group (HPC nodes share user ids), mode and mtime.
+type FileInfo struct {
+	Size       int64
+	Mode       uint32
+	Uid, Gid   uint32
+	MtimeNs    int64
+	Generation uint64
+}
+
+// Source is the serving side's view of its managed directory.
+type Source interface {
+	// OpenPublished opens the published, complete regular file at path
+	// for reading, confined to the backing directory, and describes it.
+	// It fails with ErrNotFound, ErrNotPublished, ErrBusy or ErrOutside.
+	OpenPublished(ctx context.Context, path string) (*os.File, FileInfo, error)
+}
+
+// Transport is one backend.
+type Transport interface {
+	// Serve starts answering peers' requests with files from src and
+	// returns once it listens. It runs until Close.
+	Serve(src Source) error
+	// Addr is the address peers reach Serve at (valid after Serve).
+	Addr() string
+	// Fetch asks the daemon at addr for req and writes the file into dst,
+	// an empty file open for writing, from offset 0; holes may stay
+	// holes, so dst's size is set with Truncate. It returns what the owner
+	// sent. Errors are *RemoteError when the owner refused, ErrUnavailable
+	// when it could not be reached, or the transfer's cause otherwise.
+	Fetch(ctx context.Context, addr string, req Request, dst *os.File) (FileInfo, error)
+	// Close stops serving, ends transfers in progress and closes idle
+	// connections.
+	Close() error
+}
+
+// Config is what every backend is configured with.
+type Config struct {
+	// Node is this daemon's node id.
+	Node string
+	// Listen is the address Serve listens on ("host:port").
+	Listen string
+	// Advertise is the address peers use; empty means Listen.
+	Advertise string
+	// Secret authenticates peers: a peer without it is refused before any
+	// file is read. It must be at least 16 bytes.
+	Secret []byte
+	// DialTimeout bounds connecting to a peer.
+	DialTimeout time.Duration
+	// StallTimeout bounds how long a transfer may go without progress.
+	StallTimeout time.Duration
+	// Log receives one line per refused request and per failed transfer.
+	Log *slog.Logger
+}
+
+// DefaultConfig returns the defaults; Node, Listen and Secret must be set.
+func DefaultConfig() Config {
+	return Config{DialTimeout: 5 * time.Second, StallTimeout: 10 * time.Second}
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if c.Node == "" {
+		return errors.New("transport: node id must not be empty")
+	}
+	if c.Listen == "" {
+		return errors.New("transport: listen address must not be empty")
+	}
+	if len(c.Secret) < 16 {
+		return errors.New("transport: the job secret must be at least 16 bytes")
+	}
+	if c.DialTimeout <= 0 || c.StallTimeout <= 0 {
+		return errors.New("transport: timeouts must be positive")
+	}
+	return nil
+}
+
+// Errors a Source returns and an owner reports to the consumer.
+var (
+	ErrNotFound     = errors.New("no such file")
+	ErrNotPublished = errors.New("file is not published")
+	ErrBusy         = errors.New("file is being written")
+	ErrOutside      = errors.New("path is outside the managed directory")
+	// ErrUnauthorized: the peers do not share the job secret.
+	ErrUnauthorized = errors.New("peer is not authorized (job secrets differ)")
+	// ErrUnavailable: the owner could not be reached.
+	ErrUnavailable = errors.New("owner unreachable")
+	// ErrProtocol: the peer broke the protocol.
+	ErrProtocol = errors.New("protocol error")
+)
+
+// RemoteError is a refusal reported by the owner. Is matches the Err*
+// value it stands for.
+type RemoteError struct {
+	Err error  // one of the Err* values above
+	Msg string // the owner's explanation
+}
+
+func (e *RemoteError) Error() string { return fmt.Sprintf("owner refused: %v: %s", e.Err, e.Msg) }
+func (e *RemoteError) Unwrap() error { return e.Err }

@@ -1,0 +1,594 @@
+// Package dtltest is the conformance suite every dtl.Transport backend
+// runs, and a directory-backed dtl.Source (Source) for tests.
+//
+// A backend's test calls Run with a factory of transport pairs. The suite
+// uses nothing but the dtl interfaces: the server serves a Source, the
+// client fetches from server.Addr().
+package dtltest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dyadfs/dyadfs/dtl"
+)
+
+// NewPair returns two fresh transports, neither serving yet: the suite
+// calls server.Serve and client.Fetch, and closes both (Close may be
+// called more than once). Every call must configure its pair with a new
+// random job secret, so that a client of one pair does not hold the secret
+// of another pair's server. StallTimeout must be at least 10 s (the
+// default), so that the suite can tell a prompt failure from a stall.
+type NewPair func(t *testing.T) (server, client dtl.Transport)
+
+const (
+	// bound caps every call, so that a broken backend fails the suite
+	// instead of hanging it.
+	bound = 60 * time.Second
+	// prompt is how soon a cancelled or cut transfer must end: well
+	// under any stall timeout the suite allows.
+	prompt = 5 * time.Second
+)
+
+// Run runs the whole suite against the pairs newPair returns.
+func Run(t *testing.T, newPair func(t *testing.T) (server, client dtl.Transport)) {
+	tests := []struct {
+		name string
+		fn   func(*testing.T, NewPair)
+	}{
+		{"Sizes", sizes},
+		{"SparseOver4GiB", sparseOver4GiB},
+		{"Refusals", refusals},
+		{"BadPathsNeverReachSource", badPaths},
+		{"Sequential", sequential},
+		{"Concurrent", concurrent},
+		{"CancelMidTransfer", cancelMidTransfer},
+		{"CancelledBeforeStart", cancelledBeforeStart},
+		{"ServerCloseMidTransfer", serverCloseMidTransfer},
+		{"WrongSecret", wrongSecret},
+		{"Unreachable", unreachable},
+		{"FetchAfterClose", fetchAfterClose},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newPair) })
+	}
+}
+
+// env is one pair with the server serving a fresh Source.
+type env struct {
+	server, client dtl.Transport
+	src            *Source
+	addr           string
+	dstDir         string // where fetched files go
+}
+
+func start(t *testing.T, newPair NewPair) *env {
+	t.Helper()
+	server, client := newPair(t)
+	t.Cleanup(func() {
+		client.Close()
+		server.Close()
+	})
+	src := NewSource(t.TempDir())
+	if err := server.Serve(src); err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	addr := server.Addr()
+	if addr == "" {
+		t.Fatal("Addr is empty after Serve")
+	}
+	return &env{server: server, client: client, src: src, addr: addr, dstDir: t.TempDir()}
+}
+
+func ctxFor(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// dst is an empty file to fetch into.
+func dst(t *testing.T) *os.File {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "dst-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func randomBytes(t *testing.T, n int) []byte {
+	b := make([]byte, n)
+	rand.Read(b)
+	return b
+}
+
+// fetch fetches p from e's server and checks that the received file and
+// the reply match the source file.
+func (e *env) fetch(t *testing.T, ctx context.Context, p string) {
+	t.Helper()
+	if err := e.fetchCheck(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *env) fetchCheck(ctx context.Context, p string) error {
+	f, err := os.CreateTemp(e.dstDir, "dst-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	info, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: p}, f)
+	if err != nil {
+		return fmt.Errorf("fetch %s: %w", p, err)
+	}
+	return e.compare(p, info, f)
+}
+
+// compare checks a received file against the source file.
+func (e *env) compare(p string, info dtl.FileInfo, got *os.File) error {
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(e.src.Root(), p), &st); err != nil {
+		return err
+	}
+	want := dtl.FileInfo{Size: st.Size, Mode: st.Mode, Uid: st.Uid, Gid: st.Gid, MtimeNs: st.Mtim.Nano(), Generation: e.src.generation(p)}
+	if info != want {
+		return fmt.Errorf("%s: reply says %+v, source has %+v", p, info, want)
+	}
+	gs, err := got.Stat()
+	if err != nil {
+		return err
+	}
+	if gs.Size() != st.Size {
+		return fmt.Errorf("%s: received %d bytes, source has %d", p, gs.Size(), st.Size)
+	}
+	a, b := sum(filepath.Join(e.src.Root(), p)), sum(got.Name())
+	if a != b {
+		return fmt.Errorf("%s: received content differs (sha256 %x, source %x)", p, b, a)
+	}
+	return nil
+}
+
+func sum(name string) [32]byte {
+	f, err := os.Open(name)
+	if err != nil {
+		return [32]byte{}
+	}
+	defer f.Close()
+	h := sha256.New()
+	io.Copy(h, f)
+	var s [32]byte
+	h.Sum(s[:0])
+	return s
+}
+
+func sizes(t *testing.T, newPair NewPair) {
+	e := start(t, newPair)
+	ctx := ctxFor(t)
+	for _, n := range []int{0, 1, 4096, 8 << 20} {
+		p := fmt.Sprintf("dir/sub/f%d", n)
+		if err := e.src.WriteFile(p, randomBytes(t, n)); err != nil {
+			t.Fatal(err)
+		}
+		e.src.SetGeneration(p, uint64(n)+7)
+		e.fetch(t, ctx, p)
+	}
+	// Generations above 2^63 and odd modes travel intact.
+	p := "odd"
+	if err := e.src.WriteFile(p, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(filepath.Join(e.src.Root(), p), 0o4751)
+	e.src.SetGeneration(p, 1<<63+5)
+	e.fetch(t, ctx, p)
+}
+
+// sparseOver4GiB sends a sparse file larger than 4 GiB with a few data
+// blocks, one across the 4 GiB boundary, and checks that the received file
+// is as sparse.
+func sparseOver4GiB(t *testing.T, newPair NewPair) {
+	e := start(t, newPair)
+	ctx := ctxFor(t)
+	const size = 5<<30 + 4097
+	name := filepath.Join(e.src.Root(), "big.sparse")
+	f, err := os.Create(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(size); err != nil {
+		t.Skipf("cannot make a %d-byte sparse file here: %v", int64(size), err)
+	}
+	blocks := map[int64][]byte{
+		0:               randomBytes(t, 4096),
+		1 << 30:         randomBytes(t, 100),
+		1<<32 - 2048:    randomBytes(t, 4096), // across 4 GiB
+		size - 1000:     randomBytes(t, 1000), // the tail
+		3<<30 + 1234567: randomBytes(t, 70000),
+	}
+	for off, b := range blocks {
+		if _, err := f.WriteAt(b, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	var st syscall.Stat_t
+	if err := syscall.Stat(name, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Blocks*512 > 16<<20 {
+		t.Skipf("the filesystem under %s does not keep holes (%d blocks)", e.src.Root(), st.Blocks)
+	}
+
+	got := dst(t)
+	start := time.Now()
+	info, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "big.sparse"}, got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("fetched a %d-byte sparse file in %v", info.Size, time.Since(start))
+	if info.Size != size {
+		t.Fatalf("reply size %d, want %d", info.Size, int64(size))
+	}
+	var gst syscall.Stat_t
+	if err := syscall.Fstat(int(got.Fd()), &gst); err != nil {
+		t.Fatal(err)
+	}
+	if gst.Size != size {
+		t.Fatalf("received %d bytes, want %d", gst.Size, int64(size))
+	}
+	if gst.Blocks*512 > 16<<20 {
+		t.Errorf("received file is not sparse: %d bytes allocated", gst.Blocks*512)
+	}
+	for off, b := range blocks {
+		have := make([]byte, len(b))
+		if _, err := got.ReadAt(have, off); err != nil {
+			t.Fatalf("read at %d: %v", off, err)
+		}
+		if !bytes.Equal(have, b) {
+			t.Errorf("block at %d differs", off)
+		}
+	}
+	src, err := os.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if err := sameSparse(src, got, size); err != nil {
+		t.Error(err)
+	}
+}
+
+// sameSparse compares two files over the data extents of either; outside
+// them both read as zeros.
+func sameSparse(a, b *os.File, size int64) error {
+	var ranges [][2]int64
+	for _, f := range []*os.File{a, b} {
+		ranges = append(ranges, extents(f, size)...)
+	}
+	bufA, bufB := make([]byte, 1<<20), make([]byte, 1<<20)
+	for _, r := range ranges {
+		for off := r[0]; off < r[1]; {
+			n := min(int64(len(bufA)), r[1]-off)
+			na, _ := a.ReadAt(bufA[:n], off)
+			nb, _ := b.ReadAt(bufB[:n], off)
+			if na != int(n) || nb != int(n) || !bytes.Equal(bufA[:n], bufB[:n]) {
+				return fmt.Errorf("files differ in [%d, %d)", off, off+n)
+			}
+			off += n
+		}
+	}
+	return nil
+}
+
+// extents lists f's data extents (the whole file where the filesystem
+// cannot tell).
+func extents(f *os.File, size int64) [][2]int64 {
+	var out [][2]int64
+	fd := int(f.Fd())
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if err != nil {
+			if off == 0 && !errors.Is(err, unix.ENXIO) {
+				return [][2]int64{{0, size}}
+			}
+			break
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil || hole <= data {
+			hole = size
+		}
+		out = append(out, [2]int64{data, min(hole, size)})
+		off = hole
+	}
+	return out
+}
+
+// refusals: each refusal of the Source reaches the client as a
+// *dtl.RemoteError for the right error, and the connection stays good.
+func refusals(t *testing.T, newPair NewPair) {
+	e := start(t, newPair)
+	ctx := ctxFor(t)
+	for _, p := range []string{"np", "busy", "outside", "ok"} {
+		if err := e.src.WriteFile(p, []byte("data of "+p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.src.Set("np", NotPublished)
+	e.src.Set("busy", Busy)
+	e.src.Set("outside", Outside)
+	// A link leading out of the directory.
+	os.Symlink("../../../../../../../../../../../../etc/passwd", filepath.Join(e.src.Root(), "escape"))
+	os.Mkdir(filepath.Join(e.src.Root(), "adir"), 0o755)
+	cases := []struct {
+		path string
+		want error
+	}{
+		{"missing", dtl.ErrNotFound},
+		{"no/such/dir/file", dtl.ErrNotFound},
+		{"adir", dtl.ErrNotFound},
+		{"np", dtl.ErrNotPublished},
+		{"busy", dtl.ErrBusy},
+		{"outside", dtl.ErrOutside},
+		{"escape", dtl.ErrOutside},
+	}
+	for round := 0; round < 2; round++ {
+		for _, c := range cases {
+			_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: c.path, Generation: 3}, dst(t))
+			var re *dtl.RemoteError
+			if !errors.As(err, &re) || !errors.Is(err, c.want) || re.Msg == "" {
+				t.Errorf("fetch %s: got %v, want a *dtl.RemoteError for %q with a message", c.path, err, c.want)
+			}
+		}
+		// Refusals leave the transport able to fetch.
+		e.fetch(t, ctx, "ok")
+	}
+}
+
+// badPaths: paths that are not clean and relative are refused with
+// dtl.ErrOutside before the Source sees them.
+func badPaths(t *testing.T, newPair NewPair) {
+	e := start(t, newPair)
+	ctx := ctxFor(t)
+	if err := e.src.WriteFile("ok", []byte("ok")); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"../x", "..", "/etc/passwd", "a/../../x", "a/../ok", "./ok", "a//ok", "ok/", ".", "", "ok\x00", "a/\x00/b"} {
+		_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: p}, dst(t))
+		if !errors.Is(err, dtl.ErrOutside) {
+			t.Errorf("fetch %q: got %v, want %v", p, err, dtl.ErrOutside)
+		}
+	}
+	if n := e.src.Calls(); n != 0 {
+		t.Errorf("the Source was called %d times for bad paths", n)
+	}
+	e.fetch(t, ctx, "ok")
+}
+
+// sequential: many fetches one after the other, of files that change.
+func sequential(t *testing.T, newPair NewPair) {
+	e := start(t, newPair)
+	ctx := ctxFor(t)
+	for i := range 200 {
+		p := fmt.Sprintf("s/%d", i%7)
+		if err := e.src.WriteFile(p, randomBytes(t, i*37)); err != nil {
+			t.Fatal(err)
+		}
+		e.src.SetGeneration(p, uint64(i))
+		e.fetch(t, ctx, p)
+	}
+}
+
+// concurrent: 64 goroutines fetch several files each at once.
+func concurrent(t *testing.T, newPair NewPair) {
+	e := start(t, newPair)
+	ctx := ctxFor(t)
+	sizes := []int{0, 1, 4096, 100_000, 1<<20 + 7}
+	for i, n := range sizes {
+		if err := e.src.WriteFile(fmt.Sprintf("c/%d", i), randomBytes(t, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const workers = 64
+	errs := make(chan error, workers*len(sizes))
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range sizes {
+				errs <- e.fetchCheck(ctx, fmt.Sprintf("c/%d", (i+w)%len(sizes)))
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// result is what a Fetch running in a goroutine returned.
+type result struct {
+	err  error
+	took time.Duration
+}
+
+func fetchAsync(ctx context.Context, c dtl.Transport, addr, p string, f *os.File) <-chan result {
+	done := make(chan result, 1)
+	go func() {
+		start := time.Now()
+		_, err := c.Fetch(ctx, addr, dtl.Request{Path: p}, f)
+		done <- result{err, time.Since(start)}
+	}()
+	return done
+}
+
+// begin waits for the transfer of a streamed path to start and feeds it
+// some data. The pipe is closed at the end of the test.
+func begin(t *testing.T, writers <-chan *os.File, done <-chan result) *os.File {
+	t.Helper()
+	select {
+	case w := <-writers:
+		t.Cleanup(func() { w.Close() })
+		// 64 KiB fit in a pipe: this does not wait for the transport.
+		if _, err := w.Write(make([]byte, 64<<10)); err != nil {
+			t.Fatal(err)
+		}
+		return w
+	case r := <-done:
+		t.Fatalf("Fetch returned before the source was opened: %v", r.err)
+	case <-time.After(bound):
+		t.Fatal("the server never opened the file")
+	}
+	return nil
+}
+
+func wait(t *testing.T, done <-chan result) result {
+	t.Helper()
+	select {
+	case r := <-done:
+		return r
+	case <-time.After(bound):
+		t.Fatal("Fetch did not return")
+	}
+	return result{}
+}
+
+// cancelMidTransfer: cancelling the context ends a transfer at once with
+// the context's error, while the server has more to send.
+func cancelMidTransfer(t *testing.T, newPair NewPair) {
+	e := start(t, newPair)
+	writers := e.src.Stream("slow", 1<<30)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := fetchAsync(ctx, e.client, e.addr, "slow", dst(t))
+	begin(t, writers, done)
+	cancel()
+	cancelled := time.Now()
+	r := wait(t, done)
+	if !errors.Is(r.err, context.Canceled) {
+		t.Errorf("Fetch after cancel: got %v, want %v", r.err, context.Canceled)
+	}
+	if took := time.Since(cancelled); took > prompt {
+		t.Errorf("Fetch returned %v after cancel", took)
+	}
+	// The transport is still good.
+	if err := e.src.WriteFile("after", []byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	e.fetch(t, ctxFor(t), "after")
+}
+
+func cancelledBeforeStart(t *testing.T, newPair NewPair) {
+	e := start(t, newPair)
+	if err := e.src.WriteFile("f", []byte("f")); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "f"}, dst(t))
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Fetch with a cancelled context: got %v, want %v", err, context.Canceled)
+	}
+	dl, cancel2 := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel2()
+	_, err = e.client.Fetch(dl, e.addr, dtl.Request{Path: "f"}, dst(t))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Fetch with an expired context: got %v, want %v", err, context.DeadlineExceeded)
+	}
+}
+
+// serverCloseMidTransfer: closing the server ends its transfers; the client
+// sees a failure that is not a refusal, at once.
+func serverCloseMidTransfer(t *testing.T, newPair NewPair) {
+	e := start(t, newPair)
+	writers := e.src.Stream("slow", 1<<30)
+	done := fetchAsync(ctxFor(t), e.client, e.addr, "slow", dst(t))
+	w := begin(t, writers, done)
+	closed := make(chan error, 1)
+	closing := time.Now()
+	go func() { closed <- e.server.Close() }()
+	r := wait(t, done)
+	var re *dtl.RemoteError
+	switch {
+	case r.err == nil:
+		t.Error("Fetch succeeded although the server closed mid-transfer")
+	case errors.As(r.err, &re):
+		t.Errorf("Fetch: got a refusal %v, want a transfer failure", r.err)
+	}
+	if took := time.Since(closing); took > prompt {
+		t.Errorf("Fetch returned %v after the server closed", took)
+	}
+	// However the server ends its read of the source, it does end.
+	w.Close()
+	select {
+	case <-closed:
+	case <-time.After(bound):
+		t.Fatal("server Close did not return")
+	}
+}
+
+// wrongSecret: a client of another job is refused and the server's Source
+// is never asked for anything.
+func wrongSecret(t *testing.T, newPair NewPair) {
+	e := start(t, newPair)
+	if err := e.src.WriteFile("f", []byte("f")); err != nil {
+		t.Fatal(err)
+	}
+	other, stranger := newPair(t)
+	t.Cleanup(func() {
+		stranger.Close()
+		other.Close()
+	})
+	for range 3 {
+		_, err := stranger.Fetch(ctxFor(t), e.addr, dtl.Request{Path: "f"}, dst(t))
+		if !errors.Is(err, dtl.ErrUnauthorized) {
+			t.Errorf("fetch with another secret: got %v, want %v", err, dtl.ErrUnauthorized)
+		}
+	}
+	if n := e.src.Calls(); n != 0 {
+		t.Errorf("the Source was called %d times for an unauthorized client", n)
+	}
+	e.fetch(t, ctxFor(t), "f")
+}
+
+// unreachable: a server that is gone is reported as dtl.ErrUnavailable.
+func unreachable(t *testing.T, newPair NewPair) {
+	e := start(t, newPair)
+	e.server.Close()
+	_, err := e.client.Fetch(ctxFor(t), e.addr, dtl.Request{Path: "f"}, dst(t))
+	if !errors.Is(err, dtl.ErrUnavailable) {
+		t.Errorf("fetch from a closed server: got %v, want %v", err, dtl.ErrUnavailable)
+	}
+}
+
+func fetchAfterClose(t *testing.T, newPair NewPair) {
+	e := start(t, newPair)
+	if err := e.src.WriteFile("f", []byte("f")); err != nil {
+		t.Fatal(err)
+	}
+	e.fetch(t, ctxFor(t), "f")
+	if err := e.client.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.Fetch(ctxFor(t), e.addr, dtl.Request{Path: "f"}, dst(t)); err == nil {
+		t.Error("Fetch on a closed transport succeeded")
+	}
+	if err := e.client.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+}

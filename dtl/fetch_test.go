@@ -1,0 +1,166 @@
+package dtl_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/dtl/dtltest"
+	"github.com/dyadfs/dyadfs/dtl/tcp"
+	"github.com/dyadfs/dyadfs/hfl"
+)
+
+// owners is a fixed membership for tests.
+type owners struct {
+	mu      sync.Mutex
+	members map[string]hfl.Member
+}
+
+func (o *owners) Member(ctx context.Context, node string) (hfl.Member, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	m, ok := o.members[node]
+	if !ok {
+		return hfl.Member{}, fmt.Errorf("node %s: %w", node, hfl.ErrNotRunning)
+	}
+	return m, nil
+}
+
+func (o *owners) remove(node string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.members, node)
+}
+
+type fixture struct {
+	src     *dtltest.Source
+	fetcher *dtl.Fetcher
+	owners  *owners
+	dst     string // consumer's backing directory
+}
+
+func newFixture(t *testing.T, timeout time.Duration) *fixture {
+	t.Helper()
+	secret := make([]byte, 32)
+	rand.Read(secret)
+	mk := func(node string) *tcp.Transport {
+		cfg := dtl.DefaultConfig()
+		cfg.Node, cfg.Listen, cfg.Secret = node, "127.0.0.1:0", secret
+		tr, err := tcp.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.Close() })
+		return tr
+	}
+	server, client := mk("owner"), mk("consumer")
+	src := dtltest.NewSource(t.TempDir())
+	if err := server.Serve(src); err != nil {
+		t.Fatal(err)
+	}
+	fx := &fixture{src: src, owners: &owners{members: map[string]hfl.Member{"owner": {Node: "owner", Addr: server.Addr()}}}, dst: t.TempDir()}
+	tmp := filepath.Join(fx.dst, ".tmp")
+	os.Mkdir(tmp, 0o700)
+	f, err := dtl.NewFetcher(dtl.FetcherConfig{Transport: client, Owners: fx.owners, TempDir: tmp, Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fx.fetcher = f
+	return fx
+}
+
+func (fx *fixture) rec(path string) hfl.Record { return hfl.Record{Path: path, Owner: "owner", Generation: 1} }
+
+func (fx *fixture) nothingLeft(t *testing.T, path string) {
+	t.Helper()
+	if _, err := os.Lstat(filepath.Join(fx.dst, path)); !os.IsNotExist(err) {
+		t.Fatalf("%s exists after a failed fetch", path)
+	}
+	if tmp, _ := os.ReadDir(filepath.Join(fx.dst, ".tmp")); len(tmp) != 0 {
+		t.Fatalf("temporary files left: %v", tmp)
+	}
+}
+
+func TestFetchOneTransferForManyWaiters(t *testing.T) {
+	fx := newFixture(t, 10*time.Second)
+	data := bytes.Repeat([]byte("dyadfs"), 1<<18)
+	if err := fx.src.WriteFile("d/f", data); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(filepath.Join(fx.src.Root(), "d/f"), 0o640)
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for i := 0; i < 16; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- fx.fetcher.Fetch(context.Background(), fx.rec("d/f"), filepath.Join(fx.dst, "d/f"))
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := os.ReadFile(filepath.Join(fx.dst, "d/f"))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("fetched %d bytes, %v; want the %d written", len(got), err, len(data))
+	}
+	st, _ := os.Stat(filepath.Join(fx.dst, "d/f"))
+	if st.Mode().Perm() != 0o640 {
+		t.Fatalf("fetched file mode %v, want 0640", st.Mode().Perm())
+	}
+	// Concurrent fetches of one path share transfers: the source may see
+	// a second request only from a fetch that started after the first
+	// finished.
+	if n := fx.fetcher.Stats().Transfers.Load(); n+fx.fetcher.Stats().Joined.Load() != 16 || n > 2 {
+		t.Fatalf("%d transfers and %d joined for 16 concurrent fetches", n, fx.fetcher.Stats().Joined.Load())
+	}
+}
+
+func TestFetchStaleVersion(t *testing.T) {
+	fx := newFixture(t, 10*time.Second)
+	for path, st := range map[string]dtltest.State{"gone": dtltest.Published, "unpub": dtltest.NotPublished, "busy": dtltest.Busy} {
+		if path != "gone" {
+			fx.src.WriteFile(path, []byte("x"))
+			fx.src.Set(path, st)
+		}
+		err := fx.fetcher.Fetch(context.Background(), fx.rec(path), filepath.Join(fx.dst, path))
+		if !errors.Is(err, dtl.ErrStale) {
+			t.Errorf("%s: %v, want ErrStale", path, err)
+		}
+		fx.nothingLeft(t, path)
+	}
+}
+
+func TestFetchDeadOwnerFailsAtOnce(t *testing.T) {
+	fx := newFixture(t, time.Minute)
+	fx.src.WriteFile("f", []byte("x"))
+	fx.owners.remove("owner")
+	start := time.Now()
+	err := fx.fetcher.Fetch(context.Background(), fx.rec("f"), filepath.Join(fx.dst, "f"))
+	if !errors.Is(err, dtl.ErrOwnerGone) || time.Since(start) > 10*time.Second {
+		t.Fatalf("fetch from a node that is not running: %v after %v, want ErrOwnerGone at once", err, time.Since(start))
+	}
+	fx.nothingLeft(t, "f")
+}
+
+func TestFetchUnreachableOwnerTimesOut(t *testing.T) {
+	fx := newFixture(t, 500*time.Millisecond)
+	fx.owners.members["owner"] = hfl.Member{Node: "owner", Addr: "127.0.0.1:1"}
+	err := fx.fetcher.Fetch(context.Background(), fx.rec("f"), filepath.Join(fx.dst, "f"))
+	if err == nil || errors.Is(err, dtl.ErrStale) || fx.fetcher.Stats().Retries.Load() == 0 {
+		t.Fatalf("fetch from an unreachable owner: %v after %d retries; want a failure after retries", err, fx.fetcher.Stats().Retries.Load())
+	}
+	fx.nothingLeft(t, "f")
+}

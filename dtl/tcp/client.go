@@ -1,0 +1,418 @@
+package tcp
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/dyadfs/dyadfs/dtl"
+)
+
+// clientConn is an authenticated connection to one server. A Fetch owns it
+// while it is in t.active; otherwise it waits in t.idle.
+type clientConn struct {
+	conn  *net.TCPConn
+	addr  string
+	br    *bufio.Reader
+	buf   []byte // frame payloads
+	out   []byte // frames being encoded
+	since time.Time
+}
+
+// enter counts a Fetch in, unless the transport is closed.
+func (t *Transport) enter() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return errClosed
+	}
+	t.wg.Add(1)
+	return nil
+}
+
+// Fetch asks the server at addr for req and writes the file into dst (see
+// dtl.Transport). It takes an idle connection to addr if there is one;
+// if that connection turns out to have been closed by the server before
+// it answered, Fetch retries once on a new one.
+func (t *Transport) Fetch(ctx context.Context, addr string, req dtl.Request, dst *os.File) (dtl.FileInfo, error) {
+	if dst == nil {
+		return dtl.FileInfo{}, errors.New("tcp transport: nil destination file")
+	}
+	if len(req.Path) > maxPath {
+		return dtl.FileInfo{}, fmt.Errorf("tcp transport: path of %d bytes is longer than any file name (%d): %w", len(req.Path), maxPath, dtl.ErrNotFound)
+	}
+	if err := t.enter(); err != nil {
+		return dtl.FileInfo{}, err
+	}
+	defer t.wg.Done()
+	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return dtl.FileInfo{}, fmt.Errorf("tcp transport: fetch %s from %s: %w", req.Path, addr, err)
+		}
+		cc, reused, err := t.conn(ctx, addr, attempt == 0)
+		if err != nil {
+			return dtl.FileInfo{}, err
+		}
+		info, keep, stale, err := t.exchange(ctx, cc, req, dst)
+		if keep {
+			t.release(cc)
+		} else {
+			t.discard(cc)
+		}
+		if err == nil {
+			t.stats.bytesRecv.Add(info.Size)
+			return info, nil
+		}
+		if stale && reused && attempt == 0 {
+			t.stats.retried.Add(1)
+			t.log.Debug("pooled connection was closed by the server; retrying on a new one", "addr", addr, "err", err)
+			continue
+		}
+		// The caller (dtl.Fetcher) logs failures with what it knows
+		// of the file; this line is for debugging the transport.
+		t.log.Debug("fetch failed", "addr", addr, "path", req.Path, "err", err)
+		return dtl.FileInfo{}, err
+	}
+}
+
+// exchange sends one request on cc and receives the answer into dst. keep
+// reports whether cc is still in step with the server and may be reused;
+// stale, that it failed before any answer arrived, as a connection the
+// server has closed does.
+func (t *Transport) exchange(ctx context.Context, cc *clientConn, req dtl.Request, dst *os.File) (info dtl.FileInfo, keep, stale bool, err error) {
+	// A cancelled ctx closes the connection, which ends whatever read or
+	// write it is blocked in at once.
+	stop := context.AfterFunc(ctx, func() { cc.conn.Close() })
+	info, keep, stale, err = t.receive(cc, req, dst)
+	if !stop() {
+		keep, stale = false, false
+		if err != nil {
+			err = fmt.Errorf("tcp transport: fetch %s from %s: %w", req.Path, cc.addr, ctx.Err())
+		}
+		return info, keep, stale, err
+	}
+	if err != nil {
+		if t.isClosed() {
+			err = fmt.Errorf("tcp transport: fetch %s from %s: transport closed: %w", req.Path, cc.addr, net.ErrClosed)
+			return info, false, false, err
+		}
+		var re *dtl.RemoteError
+		if !errors.As(err, &re) {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				err = fmt.Errorf("stalled, no progress for %v: %w", t.cfg.StallTimeout, err)
+			}
+			err = fmt.Errorf("tcp transport: fetch %s from %s: %w", req.Path, cc.addr, err)
+		}
+	}
+	return info, keep, stale, err
+}
+
+func (t *Transport) receive(cc *clientConn, req dtl.Request, dst *os.File) (info dtl.FileInfo, keep, stale bool, err error) {
+	stall := t.cfg.StallTimeout
+	cc.conn.SetWriteDeadline(time.Now().Add(stall))
+	cc.out = appendGet(cc.out[:0], getReq{Generation: req.Generation, Path: req.Path})
+	if _, err := cc.conn.Write(cc.out); err != nil {
+		return info, false, connGone(err), err
+	}
+	cc.conn.SetReadDeadline(time.Now().Add(stall))
+	typ, p, err := readFrame(cc.br, &cc.buf)
+	if err != nil {
+		return info, false, connGone(err), err
+	}
+	switch typ {
+	case tError:
+		keep, err := refusal(p)
+		return info, keep, false, err
+	case tHeader:
+	default:
+		return info, false, false, protoErr("%v frame where a reply was expected", typ)
+	}
+	if info, err = decodeHeader(p); err != nil {
+		return info, false, false, err
+	}
+	var next, total int64 // where the next chunk may start; data received
+	for {
+		cc.conn.SetReadDeadline(time.Now().Add(stall))
+		typ, p, err := readFrame(cc.br, &cc.buf)
+		if err != nil {
+			return info, false, false, err
+		}
+		switch typ {
+		case tChunk:
+			ch, err := decodeChunk(p)
+			if err != nil {
+				return info, false, false, err
+			}
+			if ch.Len == 0 || ch.Len > maxChunk || ch.Off < next || ch.Off > info.Size || ch.Len > info.Size-ch.Off {
+				return info, false, false, protoErr("chunk of %d bytes at %d: out of order, empty, too large or beyond the %d-byte file (next may start at %d)", ch.Len, ch.Off, info.Size, next)
+			}
+			if _, err := dst.Seek(ch.Off, io.SeekStart); err != nil {
+				return info, false, false, err
+			}
+			if err := cc.copyData(dst, ch.Len, stall); err != nil {
+				return info, false, false, fmt.Errorf("receiving %d bytes at %d: %w", ch.Len, ch.Off, err)
+			}
+			next, total = ch.Off+ch.Len, total+ch.Len
+		case tEnd:
+			sent, err := decodeEnd(p)
+			if err != nil {
+				return info, false, false, err
+			}
+			if sent != total {
+				return info, false, false, protoErr("server says it sent %d bytes, %d arrived", sent, total)
+			}
+			if err := dst.Truncate(info.Size); err != nil {
+				return info, false, false, err
+			}
+			// Anything after the end of a reply is out of step.
+			return info, cc.br.Buffered() == 0, false, nil
+		default:
+			return info, false, false, protoErr("%v frame inside a reply", typ)
+		}
+	}
+}
+
+// copyData writes the n bytes of a chunk's data to dst at its position:
+// what is already buffered with a write, the rest straight from the socket
+// (splice) in pieces, renewing the read deadline for each.
+func (cc *clientConn) copyData(dst *os.File, n int64, stall time.Duration) error {
+	for n > 0 {
+		cc.conn.SetReadDeadline(time.Now().Add(stall))
+		if b := cc.br.Buffered(); b > 0 {
+			k := int(min(int64(b), n))
+			p, _ := cc.br.Peek(k)
+			if _, err := dst.Write(p); err != nil {
+				return err
+			}
+			cc.br.Discard(k)
+			n -= int64(k)
+			continue
+		}
+		if n >= smallChunk {
+			w, err := io.CopyN(dst, cc.conn, min(n, piece))
+			n -= w
+			if err != nil {
+				if err == io.EOF {
+					err = io.ErrUnexpectedEOF
+				}
+				return err
+			}
+			continue
+		}
+		if _, err := cc.br.Peek(1); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// refusal turns an error frame answering a request into the error Fetch
+// returns, and tells whether the connection stays usable.
+func refusal(p []byte) (keep bool, err error) {
+	e, err := decodeError(p)
+	if err != nil {
+		return false, err
+	}
+	if target, ok := refusals[e.Code]; ok {
+		return true, &dtl.RemoteError{Err: target, Msg: e.Msg}
+	}
+	switch e.Code {
+	case codeInternal:
+		// Not a refusal: the server failed to read its file. Retrying
+		// may help.
+		return true, fmt.Errorf("server failed: %s", e.Msg)
+	case codeVersion:
+		return false, protoErr("server speaks versions %v, not %d: %s", e.Versions, version1, e.Msg)
+	case codeProtocol:
+		return false, protoErr("server says: %s", e.Msg)
+	}
+	return false, protoErr("error code %d: %s", e.Code, e.Msg)
+}
+
+// connGone tells errors of a connection the peer has closed.
+func connGone(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// conn returns an idle connection to addr if pooled is true and there is
+// one, else a new authenticated one.
+func (t *Transport) conn(ctx context.Context, addr string, pooled bool) (cc *clientConn, reused bool, err error) {
+	if pooled {
+		if cc := t.takeIdle(addr); cc != nil {
+			t.stats.reused.Add(1)
+			return cc, true, nil
+		}
+	}
+	cc, err = t.dial(ctx, addr)
+	return cc, false, err
+}
+
+func (t *Transport) takeIdle(addr string) *clientConn {
+	t.mu.Lock()
+	list := t.idle[addr]
+	if len(list) == 0 {
+		t.mu.Unlock()
+		return nil
+	}
+	cc := list[len(list)-1]
+	if time.Since(cc.since) > idleTTL {
+		// The newest is too old, so are all the others.
+		delete(t.idle, addr)
+		t.nIdle -= len(list)
+		t.mu.Unlock()
+		for _, old := range list {
+			old.conn.Close()
+		}
+		return nil
+	}
+	list[len(list)-1] = nil
+	if list = list[:len(list)-1]; len(list) == 0 {
+		delete(t.idle, addr)
+	} else {
+		t.idle[addr] = list
+	}
+	t.nIdle--
+	t.active[cc] = struct{}{}
+	t.mu.Unlock()
+	return cc
+}
+
+// release returns a connection in step with its server to the pool, or
+// closes it if the pool is full.
+func (t *Transport) release(cc *clientConn) {
+	t.mu.Lock()
+	delete(t.active, cc)
+	if t.closed || len(t.idle[cc.addr]) >= maxIdlePerAddr || t.nIdle >= maxIdle {
+		t.mu.Unlock()
+		cc.conn.Close()
+		return
+	}
+	cc.since = time.Now()
+	t.idle[cc.addr] = append(t.idle[cc.addr], cc)
+	t.nIdle++
+	t.mu.Unlock()
+}
+
+// discard closes a connection whose transfer failed or was cancelled.
+func (t *Transport) discard(cc *clientConn) {
+	t.mu.Lock()
+	delete(t.active, cc)
+	t.mu.Unlock()
+	cc.conn.Close()
+}
+
+// dial connects to addr and runs the client's side of the handshake. Errors
+// reaching the server wrap dtl.ErrUnavailable; a server without the job
+// secret, or one refusing ours, gives a *dtl.RemoteError for
+// dtl.ErrUnauthorized.
+func (t *Transport) dial(ctx context.Context, addr string) (*clientConn, error) {
+	// Close ends dials in progress too.
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stopClose := context.AfterFunc(t.ctx, cancel)
+	defer stopClose()
+
+	d := net.Dialer{Timeout: t.cfg.DialTimeout}
+	c, err := d.DialContext(dctx, "tcp", addr)
+	if err != nil {
+		switch {
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("tcp transport: dial %s: %w", addr, ctx.Err())
+		case t.isClosed():
+			return nil, errClosed
+		}
+		return nil, fmt.Errorf("tcp transport: %w: %w", dtl.ErrUnavailable, err)
+	}
+	cc := &clientConn{conn: c.(*net.TCPConn), addr: addr, br: bufio.NewReaderSize(c, bufSize)}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		c.Close()
+		return nil, errClosed
+	}
+	t.active[cc] = struct{}{}
+	t.mu.Unlock()
+
+	stop := context.AfterFunc(dctx, func() { c.Close() })
+	err = t.handshake(cc)
+	if !stop() {
+		t.discard(cc)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("tcp transport: handshake with %s: %w", addr, ctx.Err())
+		}
+		return nil, errClosed
+	}
+	if err != nil {
+		t.discard(cc)
+		return nil, err
+	}
+	t.stats.dials.Add(1)
+	return cc, nil
+}
+
+// handshake runs the client's side (see auth.go), bounded by DialTimeout.
+func (t *Transport) handshake(cc *clientConn) error {
+	addr := cc.addr
+	unavailable := func(err error) error {
+		if errors.Is(err, dtl.ErrProtocol) {
+			return fmt.Errorf("tcp transport: handshake with %s: %w", addr, err)
+		}
+		return fmt.Errorf("tcp transport: %w: handshake with %s: %w", dtl.ErrUnavailable, addr, err)
+	}
+	cc.conn.SetDeadline(time.Now().Add(t.cfg.DialTimeout))
+	h := hello{Version: version1, Nonce: newNonce(), Node: t.cfg.Node}
+	cc.out = appendHello(cc.out[:0], h)
+	if _, err := cc.conn.Write(cc.out); err != nil {
+		return unavailable(err)
+	}
+	typ, p, err := readFrame(cc.br, &cc.buf)
+	if err != nil {
+		return unavailable(err)
+	}
+	switch typ {
+	case tChallenge:
+	case tError:
+		_, err := refusal(p)
+		return fmt.Errorf("tcp transport: handshake with %s: %w", addr, err)
+	default:
+		return unavailable(protoErr("%v frame where a challenge was expected", typ))
+	}
+	ch, err := decodeChallenge(p)
+	if err != nil {
+		return unavailable(err)
+	}
+	if !validMAC(t.cfg.Secret, labelServer, h.Nonce, ch.Nonce, ch.MAC) {
+		t.log.Warn("refused server: it does not hold this job's secret", "addr", addr, "node", ch.Node)
+		return fmt.Errorf("tcp transport: %s: %w", addr, &dtl.RemoteError{Err: dtl.ErrUnauthorized, Msg: fmt.Sprintf("server %q could not prove it holds this job's secret", ch.Node)})
+	}
+	cc.out = appendAuth(cc.out[:0], authMsg{MAC: mac(t.cfg.Secret, labelClient, h.Nonce, ch.Nonce)})
+	if _, err := cc.conn.Write(cc.out); err != nil {
+		return unavailable(err)
+	}
+	typ, p, err = readFrame(cc.br, &cc.buf)
+	if err != nil {
+		return unavailable(err)
+	}
+	switch typ {
+	case tReady:
+		if err := decodeEmpty(tReady, p); err != nil {
+			return unavailable(err)
+		}
+	case tError:
+		_, err := refusal(p)
+		return fmt.Errorf("tcp transport: handshake with %s: %w", addr, err)
+	default:
+		return unavailable(protoErr("%v frame where ready was expected", typ))
+	}
+	cc.conn.SetDeadline(time.Time{})
+	return nil
+}

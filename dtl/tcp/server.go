@@ -1,0 +1,459 @@
+package tcp
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dyadfs/dyadfs/dtl"
+)
+
+// lingerTime bounds how long a server reads what a refused peer still sends
+// after the error frame, so that closing does not reset the connection
+// before the peer has read why it was refused.
+const (
+	lingerTime = time.Second
+	lingerMax  = 1 << 20
+)
+
+// serverConn is one accepted connection; one goroutine serves it.
+type serverConn struct {
+	t      *Transport
+	conn   *net.TCPConn
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	buf    []byte // frame payloads
+	out    []byte // frames being encoded
+	data   []byte // small chunks and non-regular files
+	remote string
+	node   string // the peer's node id, as it claims in its hello
+
+	mu      sync.Mutex
+	file    *os.File // the file being sent
+	aborted bool
+}
+
+func (t *Transport) acceptLoop(ln net.Listener, src dtl.Source) {
+	defer t.wg.Done()
+	var backoff time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if t.isClosed() || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of file descriptors and the like: wait, do not spin.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			t.log.Warn("accept failed", "err", err, "retry_in", backoff)
+			timer := time.NewTimer(backoff)
+			select {
+			case <-t.ctx.Done():
+				timer.Stop()
+				return
+			case <-timer.C:
+			}
+			continue
+		}
+		backoff = 0
+		t.stats.accepts.Add(1)
+		tc, ok := c.(*net.TCPConn)
+		if !ok {
+			c.Close()
+			continue
+		}
+		sc := &serverConn{
+			t: t, conn: tc, remote: c.RemoteAddr().String(),
+			br: bufio.NewReaderSize(tc, 4096), bw: bufio.NewWriterSize(tc, bufSize),
+		}
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			c.Close()
+			return
+		}
+		t.serving[sc] = struct{}{}
+		t.wg.Add(1)
+		t.mu.Unlock()
+		go sc.serve(src)
+	}
+}
+
+// abort ends the connection from another goroutine (Close): it closes the
+// socket and the file being sent, whatever either is blocked in.
+func (sc *serverConn) abort() {
+	sc.conn.Close()
+	sc.mu.Lock()
+	sc.aborted = true
+	f := sc.file
+	sc.mu.Unlock()
+	if f != nil {
+		f.Close()
+	}
+}
+
+// setFile records the file being sent, so that abort can close it. It
+// reports false, having closed f, if the connection is being aborted.
+func (sc *serverConn) setFile(f *os.File) bool {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.aborted {
+		f.Close()
+		return false
+	}
+	sc.file = f
+	return true
+}
+
+func (sc *serverConn) clearFile() {
+	sc.mu.Lock()
+	f := sc.file
+	sc.file = nil
+	sc.mu.Unlock()
+	if f != nil {
+		f.Close()
+	}
+}
+
+func (sc *serverConn) serve(src dtl.Source) {
+	t := sc.t
+	defer func() {
+		sc.conn.Close()
+		t.mu.Lock()
+		delete(t.serving, sc)
+		t.mu.Unlock()
+		t.wg.Done()
+	}()
+	if !sc.handshake() {
+		return
+	}
+	for {
+		sc.conn.SetReadDeadline(time.Now().Add(t.serverIdle))
+		typ, p, err := readFrame(sc.br, &sc.buf)
+		if err != nil {
+			if errors.Is(err, dtl.ErrProtocol) {
+				sc.refuse(codeProtocol, nil, err.Error())
+			}
+			return // the peer left, went idle too long, or we are closing
+		}
+		if typ != tGet {
+			sc.refuse(codeProtocol, nil, fmt.Sprintf("%v frame where a request was expected", typ))
+			return
+		}
+		req, err := decodeGet(p)
+		if err != nil {
+			sc.refuse(codeProtocol, nil, err.Error())
+			return
+		}
+		if !sc.answer(src, req) {
+			return
+		}
+	}
+}
+
+// handshake runs the server's side of the handshake (see auth.go). It
+// reports whether the peer proved it holds the job secret; if not, the
+// peer has been told why and the connection is to be closed.
+func (sc *serverConn) handshake() bool {
+	t := sc.t
+	sc.conn.SetDeadline(time.Now().Add(t.cfg.StallTimeout))
+	typ, p, err := readFrame(sc.br, &sc.buf)
+	if err != nil {
+		if errors.Is(err, dtl.ErrProtocol) {
+			sc.refuse(codeProtocol, nil, err.Error())
+		} else {
+			t.log.Debug("peer left during the handshake", "peer", sc.remote, "err", err)
+		}
+		return false
+	}
+	if typ != tHello {
+		sc.refuse(codeProtocol, nil, fmt.Sprintf("%v frame where a hello was expected", typ))
+		return false
+	}
+	h, err := decodeHello(p)
+	var ev errVersion
+	if errors.As(err, &ev) {
+		sc.refuse(codeVersion, versions, fmt.Sprintf("protocol version %d is not spoken here; this server speaks %v", ev.version, versions))
+		return false
+	}
+	if err != nil {
+		sc.refuse(codeProtocol, nil, err.Error())
+		return false
+	}
+	sc.node = h.Node
+	ch := challenge{Version: version1, Nonce: newNonce(), Node: t.cfg.Node}
+	ch.MAC = mac(t.cfg.Secret, labelServer, h.Nonce, ch.Nonce)
+	if err := sc.send(appendChallenge(sc.out[:0], ch)); err != nil {
+		return false
+	}
+	typ, p, err = readFrame(sc.br, &sc.buf)
+	if err != nil {
+		if errors.Is(err, dtl.ErrProtocol) {
+			sc.refuse(codeProtocol, nil, err.Error())
+		} else {
+			// A client that finds the server cannot prove the secret
+			// hangs up here.
+			t.log.Debug("peer left during the handshake", "peer", sc.remote, "node", sc.node, "err", err)
+		}
+		return false
+	}
+	if typ != tAuth {
+		sc.refuse(codeProtocol, nil, fmt.Sprintf("%v frame where auth was expected", typ))
+		return false
+	}
+	a, err := decodeAuth(p)
+	if err != nil {
+		sc.refuse(codeProtocol, nil, err.Error())
+		return false
+	}
+	if !validMAC(t.cfg.Secret, labelClient, h.Nonce, ch.Nonce, a.MAC) {
+		sc.refuse(codeUnauthorized, nil, "the peer does not hold this job's secret")
+		return false
+	}
+	if err := sc.send(appendReady(sc.out[:0])); err != nil {
+		return false
+	}
+	sc.conn.SetDeadline(time.Time{})
+	return true
+}
+
+// send writes whole frames and flushes them.
+func (sc *serverConn) send(frames []byte) error {
+	sc.out = frames[:0]
+	sc.conn.SetWriteDeadline(time.Now().Add(sc.t.cfg.StallTimeout))
+	sc.bw.Write(frames)
+	return sc.bw.Flush()
+}
+
+// refuse tells the peer why it is being disconnected, logs it, and lingers
+// briefly so that the error frame is read before the connection closes.
+func (sc *serverConn) refuse(code uint16, vs []uint16, reason string) {
+	t := sc.t
+	t.stats.refused.Add(1)
+	t.log.Warn("refused peer", "peer", sc.remote, "node", sc.node, "reason", reason)
+	deadline := time.Now().Add(min(t.cfg.StallTimeout, lingerTime))
+	sc.conn.SetDeadline(deadline)
+	sc.bw.Write(appendError(sc.out[:0], errFrame{Code: code, Versions: vs, Msg: reason}))
+	if sc.bw.Flush() != nil {
+		return
+	}
+	sc.conn.CloseWrite()
+	io.CopyN(io.Discard, sc.conn, lingerMax)
+}
+
+// answer serves one request. It reports whether the connection can carry
+// the next one: a refusal leaves it usable, a failed transfer does not.
+func (sc *serverConn) answer(src dtl.Source, req getReq) bool {
+	t := sc.t
+	if err := checkPath(req.Path); err != nil {
+		return sc.refuseRequest(req, codeOutside, err)
+	}
+	f, info, err := src.OpenPublished(t.ctx, req.Path)
+	if err != nil {
+		if t.ctx.Err() != nil {
+			return false
+		}
+		return sc.refuseRequest(req, codeOf(err), err)
+	}
+	if !sc.setFile(f) {
+		return false
+	}
+	defer sc.clearFile()
+	regular, err := sc.checkFile(f, info)
+	if err != nil {
+		return sc.refuseRequest(req, codeInternal, err)
+	}
+	start := time.Now()
+	if err := sc.sendFile(f, info, regular); err != nil {
+		if !t.isClosed() {
+			t.log.Warn("transfer failed", "peer", sc.remote, "node", sc.node, "path", req.Path, "size", info.Size, "err", err)
+		}
+		return false
+	}
+	t.stats.served.Add(1)
+	t.log.Debug("served", "peer", sc.remote, "node", sc.node, "path", req.Path, "size", info.Size, "took", time.Since(start))
+	return true
+}
+
+// refuseRequest answers a request with an error frame; the connection stays
+// usable.
+func (sc *serverConn) refuseRequest(req getReq, code uint16, err error) bool {
+	t := sc.t
+	t.stats.refused.Add(1)
+	t.log.Info("refused request", "peer", sc.remote, "node", sc.node, "path", req.Path, "gen", req.Generation, "err", err)
+	return sc.send(appendError(sc.out[:0], errFrame{Code: code, Msg: err.Error()})) == nil
+}
+
+// checkPath refuses, before the Source sees it, any path that is not a
+// clean relative path inside the managed directory. The Source confines
+// paths itself; this is the second lock on the door.
+func checkPath(p string) error {
+	switch {
+	case p == "" || p == ".":
+		return fmt.Errorf("empty path: %w", dtl.ErrOutside)
+	case strings.IndexByte(p, 0) >= 0:
+		return fmt.Errorf("path %q contains a NUL byte: %w", p, dtl.ErrOutside)
+	case strings.HasPrefix(p, "/"):
+		return fmt.Errorf("path %q is absolute: %w", p, dtl.ErrOutside)
+	}
+	for elem := range strings.SplitSeq(p, "/") {
+		if elem == "" || elem == "." || elem == ".." {
+			return fmt.Errorf("path %q is not clean: %w", p, dtl.ErrOutside)
+		}
+	}
+	return nil
+}
+
+// checkFile checks that what the Source opened is what it describes, and
+// tells whether it is a regular file (which can be sent with sendfile and
+// scanned for holes). Anything else is read sequentially from where it
+// stands, which only tests do.
+func (sc *serverConn) checkFile(f *os.File, info dtl.FileInfo) (regular bool, err error) {
+	if info.Size < 0 {
+		return false, fmt.Errorf("source described a negative size %d", info.Size)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return false, err
+	}
+	if !st.Mode().IsRegular() {
+		return false, nil
+	}
+	if st.Size() != info.Size {
+		return false, fmt.Errorf("%s is %d bytes, its description says %d: it changed since it was published", f.Name(), st.Size(), info.Size)
+	}
+	return true, nil
+}
+
+// sendFile sends header, chunks and end for f.
+func (sc *serverConn) sendFile(f *os.File, info dtl.FileInfo, regular bool) error {
+	sc.conn.SetWriteDeadline(time.Now().Add(sc.t.cfg.StallTimeout))
+	sc.bw.Write(appendHeader(sc.out[:0], info))
+	var total int64
+	emit := func(off, n int64) error {
+		for n > 0 {
+			c := min(n, chunkSize)
+			var err error
+			if regular {
+				err = sc.sendChunk(f, off, c)
+			} else {
+				err = sc.sendSequential(f, off, c)
+			}
+			if err != nil {
+				return err
+			}
+			off, n, total = off+c, n-c, total+c
+			sc.t.stats.bytesSent.Add(c)
+		}
+		return nil
+	}
+	var err error
+	if regular && info.Size > smallChunk {
+		err = dataExtents(f, info.Size, emit)
+	} else {
+		// Small files go whole, without looking for holes.
+		err = emit(0, info.Size)
+	}
+	if err != nil {
+		return err
+	}
+	sc.conn.SetWriteDeadline(time.Now().Add(sc.t.cfg.StallTimeout))
+	sc.bw.Write(appendEnd(sc.out[:0], total))
+	return sc.bw.Flush()
+}
+
+// sendChunk sends one chunk of a regular file: small ones through the
+// buffer, with the frames around them, large ones with sendfile.
+func (sc *serverConn) sendChunk(f *os.File, off, n int64) error {
+	sc.conn.SetWriteDeadline(time.Now().Add(sc.t.cfg.StallTimeout))
+	sc.bw.Write(appendChunk(sc.out[:0], chunkHdr{Off: off, Len: n}))
+	if n <= smallChunk {
+		if sc.data == nil {
+			sc.data = make([]byte, smallChunk)
+		}
+		if _, err := f.ReadAt(sc.data[:n], off); err != nil {
+			return fmt.Errorf("read %s at %d: %w (did it shrink?)", f.Name(), off, err)
+		}
+		_, err := sc.bw.Write(sc.data[:n])
+		return err
+	}
+	if err := sc.bw.Flush(); err != nil {
+		return err
+	}
+	if _, err := f.Seek(off, io.SeekStart); err != nil {
+		return err
+	}
+	// With an *os.File under the LimitedReader, ReadFrom is sendfile.
+	sent, err := sc.conn.ReadFrom(&io.LimitedReader{R: f, N: n})
+	if err == nil && sent < n {
+		err = fmt.Errorf("%s ended at %d, inside a chunk that should end at %d (did it shrink?)", f.Name(), off+sent, off+n)
+	}
+	return err
+}
+
+// sendSequential sends one chunk of a file that cannot seek, such as a
+// pipe, as it comes.
+func (sc *serverConn) sendSequential(f *os.File, off, n int64) error {
+	if sc.data == nil {
+		sc.data = make([]byte, smallChunk)
+	}
+	sc.conn.SetWriteDeadline(time.Now().Add(sc.t.cfg.StallTimeout))
+	sc.bw.Write(appendChunk(sc.out[:0], chunkHdr{Off: off, Len: n}))
+	for n > 0 {
+		if err := sc.bw.Flush(); err != nil {
+			return err
+		}
+		r, err := f.Read(sc.data[:min(n, int64(len(sc.data)))])
+		if r > 0 {
+			sc.conn.SetWriteDeadline(time.Now().Add(sc.t.cfg.StallTimeout))
+			sc.bw.Write(sc.data[:r])
+			n -= int64(r)
+		}
+		if err != nil && n > 0 {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return fmt.Errorf("read %s: %w", f.Name(), err)
+		}
+	}
+	return nil
+}
+
+// dataExtents calls emit for each extent of data in f's first size bytes,
+// in order, skipping holes (SEEK_DATA, SEEK_HOLE). Where the filesystem
+// cannot tell, the whole file is one extent.
+func dataExtents(f *os.File, size int64, emit func(off, n int64) error) error {
+	var off int64
+	for off < size {
+		data, err := f.Seek(off, unix.SEEK_DATA)
+		switch {
+		case errors.Is(err, unix.ENXIO):
+			return nil // only a hole from off to the end
+		case err != nil && off == 0:
+			return emit(0, size) // no SEEK_DATA here
+		case err != nil:
+			return err
+		case data >= size:
+			return nil
+		}
+		hole, err := f.Seek(data, unix.SEEK_HOLE)
+		if err != nil {
+			return err
+		}
+		if hole <= data || hole > size {
+			hole = size
+		}
+		if err := emit(data, hole-data); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return nil
+}

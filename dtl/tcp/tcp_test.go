@@ -1,0 +1,474 @@
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/dtl/dtltest"
+)
+
+// logBuf collects a transport's log lines.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func newSecret() []byte {
+	s := make([]byte, 32)
+	rand.Read(s)
+	return s
+}
+
+type opts struct {
+	stall, dial time.Duration
+	listen      string
+	advertise   string
+}
+
+// newTransport returns a transport on 127.0.0.1:0, closed at the end of
+// the test, and its log.
+func newTransport(t testing.TB, secret []byte, o opts) (*Transport, *logBuf) {
+	t.Helper()
+	cfg := dtl.DefaultConfig()
+	cfg.Node = "node-" + t.Name()
+	cfg.Listen = "127.0.0.1:0"
+	if o.listen != "" {
+		cfg.Listen = o.listen
+	}
+	cfg.Advertise = o.advertise
+	cfg.Secret = secret
+	if o.stall > 0 {
+		cfg.StallTimeout = o.stall
+	}
+	if o.dial > 0 {
+		cfg.DialTimeout = o.dial
+	}
+	lb := &logBuf{}
+	cfg.Log = slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	tr, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return tr, lb
+}
+
+func TestConformance(t *testing.T) {
+	dtltest.Run(t, func(t *testing.T) (dtl.Transport, dtl.Transport) {
+		s := newSecret()
+		server, _ := newTransport(t, s, opts{})
+		client, _ := newTransport(t, s, opts{})
+		return server, client
+	})
+}
+
+// served is a server on a fresh dtltest.Source.
+func served(t testing.TB, secret []byte, o opts) (*Transport, *dtltest.Source, *logBuf) {
+	t.Helper()
+	server, lb := newTransport(t, secret, o)
+	src := dtltest.NewSource(t.TempDir())
+	if err := server.Serve(src); err != nil {
+		t.Fatal(err)
+	}
+	return server, src, lb
+}
+
+func tmpFile(t *testing.T) *os.File {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "dst-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func ctxFor(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestNewValidates(t *testing.T) {
+	cfg := dtl.DefaultConfig()
+	cfg.Node, cfg.Listen = "n", ":0"
+	cfg.Secret = []byte("short")
+	if _, err := New(cfg); err == nil {
+		t.Error("New accepted a 5-byte secret")
+	}
+	cfg.Secret = newSecret()
+	cfg.StallTimeout = 0
+	if _, err := New(cfg); err == nil {
+		t.Error("New accepted a zero stall timeout")
+	}
+}
+
+func TestAddr(t *testing.T) {
+	s := newSecret()
+	for _, c := range []struct {
+		listen, advertise, host string
+	}{
+		{"127.0.0.1:0", "", "127.0.0.1"},
+		{":0", "", firstIPv4()},
+		{"0.0.0.0:0", "", firstIPv4()},
+		{"127.0.0.1:0", "node7.example:7000", ""},
+	} {
+		tr, _ := newTransport(t, s, opts{listen: c.listen, advertise: c.advertise})
+		if tr.Addr() != "" {
+			t.Errorf("Addr before Serve: %q", tr.Addr())
+		}
+		if err := tr.Serve(dtltest.NewSource(t.TempDir())); err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.Serve(dtltest.NewSource(t.TempDir())); err == nil {
+			t.Error("second Serve succeeded")
+		}
+		got := tr.Addr()
+		if c.advertise != "" {
+			if got != c.advertise {
+				t.Errorf("listen %s advertise %s: Addr %s", c.listen, c.advertise, got)
+			}
+			continue
+		}
+		host, port, err := net.SplitHostPort(got)
+		_, realPort, _ := net.SplitHostPort(tr.ln.Addr().String())
+		if err != nil || host != c.host || port != realPort || port == "0" {
+			t.Errorf("listen %s: Addr %s, want %s:%s", c.listen, got, c.host, realPort)
+		}
+		if ip := net.ParseIP(host); ip == nil || ip.To4() == nil {
+			t.Errorf("listen %s: Addr %s is not an IPv4 address", c.listen, got)
+		}
+		tr.Close()
+	}
+	t.Logf("this machine advertises %s", firstIPv4())
+}
+
+// TestReuse: fetches to one server share one connection.
+func TestReuse(t *testing.T) {
+	s := newSecret()
+	server, src, _ := served(t, s, opts{})
+	client, _ := newTransport(t, s, opts{})
+	src.WriteFile("f", []byte("hello"))
+	ctx := ctxFor(t)
+	for range 10 {
+		if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, tmpFile(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A refusal keeps the connection too.
+	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "missing"}, tmpFile(t)); !errors.Is(err, dtl.ErrNotFound) {
+		t.Fatal(err)
+	}
+	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, tmpFile(t)); err != nil {
+		t.Fatal(err)
+	}
+	// Close waits for the server's goroutines: its counters are final.
+	client.Close()
+	server.Close()
+	cs, ss := client.Stats(), server.Stats()
+	if cs.Dials != 1 || cs.Reused != 11 || ss.Accepts != 1 || ss.Served != 11 || ss.Refused != 1 {
+		t.Errorf("client %+v server %+v: want 1 dial, 11 reuses, 1 accept, 11 served, 1 refused", cs, ss)
+	}
+	if cs.BytesRecv != 55 || ss.BytesSent != 55 {
+		t.Errorf("bytes: received %d, sent %d, want 55", cs.BytesRecv, ss.BytesSent)
+	}
+}
+
+// TestPoolBound: after many concurrent fetches, at most maxIdlePerAddr
+// connections stay open.
+func TestPoolBound(t *testing.T) {
+	s := newSecret()
+	server, src, _ := served(t, s, opts{})
+	client, _ := newTransport(t, s, opts{})
+	src.WriteFile("f", bytes.Repeat([]byte("x"), 100_000))
+	ctx := ctxFor(t)
+	var wg sync.WaitGroup
+	for range 3 * maxIdlePerAddr {
+		f := tmpFile(t)
+		wg.Go(func() {
+			if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, f); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	client.mu.Lock()
+	idle, active := len(client.idle[server.Addr()]), len(client.active)
+	client.mu.Unlock()
+	if idle > maxIdlePerAddr || idle == 0 || active != 0 {
+		t.Errorf("%d idle connections (max %d), %d active", idle, maxIdlePerAddr, active)
+	}
+}
+
+// TestFailedNotPooled: a cancelled transfer's connection is closed, not
+// reused.
+func TestFailedNotPooled(t *testing.T) {
+	s := newSecret()
+	server, src, _ := served(t, s, opts{})
+	client, _ := newTransport(t, s, opts{})
+	writers := src.Stream("slow", 1<<20)
+	src.WriteFile("f", []byte("f"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "slow"}, tmpFile(t))
+		done <- err
+	}()
+	w := <-writers
+	defer w.Close()
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v, want %v", err, context.Canceled)
+	}
+	if _, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, tmpFile(t)); err != nil {
+		t.Fatal(err)
+	}
+	if st := client.Stats(); st.Dials != 2 || st.Reused != 0 {
+		t.Errorf("%+v: want 2 dials, no reuse", st)
+	}
+}
+
+// TestStaleRetry: a pooled connection the server has closed is replaced
+// transparently.
+func TestStaleRetry(t *testing.T) {
+	s := newSecret()
+	server, src, _ := served(t, s, opts{})
+	client, _ := newTransport(t, s, opts{})
+	src.WriteFile("f", []byte("f"))
+	ctx := ctxFor(t)
+	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, tmpFile(t)); err != nil {
+		t.Fatal(err)
+	}
+	server.mu.Lock()
+	for sc := range server.serving {
+		sc.conn.Close()
+	}
+	server.mu.Unlock()
+	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, tmpFile(t)); err != nil {
+		t.Fatal(err)
+	}
+	if st := client.Stats(); st.Dials != 2 || st.Retried != 1 {
+		t.Errorf("%+v: want 2 dials, 1 retry", st)
+	}
+}
+
+// TestIdleServerCloses: a server drops connections that stay idle.
+func TestIdleServerCloses(t *testing.T) {
+	s := newSecret()
+	server, _ := newTransport(t, s, opts{})
+	server.serverIdle = 50 * time.Millisecond
+	src := dtltest.NewSource(t.TempDir())
+	if err := server.Serve(src); err != nil {
+		t.Fatal(err)
+	}
+	client, _ := newTransport(t, s, opts{})
+	src.WriteFile("f", []byte("f"))
+	if _, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, tmpFile(t)); err != nil {
+		t.Fatal(err)
+	}
+	client.mu.Lock()
+	cc := client.idle[server.Addr()][0]
+	client.mu.Unlock()
+	cc.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := cc.conn.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("idle connection: read %v, want EOF from the server", err)
+	}
+}
+
+// TestUnauthorizedServer: a client finds out that a server lacks the
+// secret before it proves its own, and says so.
+func TestUnauthorizedServer(t *testing.T) {
+	server, src, slg := served(t, newSecret(), opts{})
+	client, clog := newTransport(t, newSecret(), opts{})
+	src.WriteFile("f", []byte("f"))
+	_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, tmpFile(t))
+	var re *dtl.RemoteError
+	if !errors.As(err, &re) || !errors.Is(err, dtl.ErrUnauthorized) {
+		t.Errorf("got %v, want a *dtl.RemoteError for %v", err, dtl.ErrUnauthorized)
+	}
+	if !strings.Contains(clog.String(), "refused server") {
+		t.Errorf("client log has no refusal:\n%s", clog)
+	}
+	if src.Calls() != 0 {
+		t.Error("the Source was called")
+	}
+	t.Logf("client: %v\nserver log:\n%s", err, slg)
+}
+
+// TestDialFailures: nothing listening, and a listener that never answers.
+func TestDialFailures(t *testing.T) {
+	client, _ := newTransport(t, newSecret(), opts{dial: 200 * time.Millisecond})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	if _, err := client.Fetch(ctxFor(t), dead, dtl.Request{Path: "f"}, tmpFile(t)); !errors.Is(err, dtl.ErrUnavailable) {
+		t.Errorf("nothing listening: got %v, want %v", err, dtl.ErrUnavailable)
+	}
+	// The kernel completes connections that nobody accepts.
+	mute, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mute.Close()
+	start := time.Now()
+	_, err = client.Fetch(ctxFor(t), mute.Addr().String(), dtl.Request{Path: "f"}, tmpFile(t))
+	if !errors.Is(err, dtl.ErrUnavailable) {
+		t.Errorf("mute listener: got %v, want %v", err, dtl.ErrUnavailable)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("mute listener: took %v with a 200ms dial timeout", took)
+	}
+}
+
+// TestCloseEndsEverything: Close with idle, active and serving
+// connections returns once all of them are gone, and leaks no goroutine.
+func TestCloseEndsEverything(t *testing.T) {
+	before := runtime.NumGoroutine()
+	func() {
+		s := newSecret()
+		server, src, _ := served(t, s, opts{})
+		client, _ := newTransport(t, s, opts{})
+		src.WriteFile("f", []byte("f"))
+		writers := src.Stream("slow", 1<<30)
+		ctx := ctxFor(t)
+		for range 5 {
+			if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, tmpFile(t)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		done := make(chan error, 4)
+		for range 4 {
+			f := tmpFile(t)
+			go func() {
+				_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "slow"}, f)
+				done <- err
+			}()
+		}
+		for range 4 {
+			w := <-writers
+			defer w.Close()
+			w.Write(make([]byte, 10000))
+		}
+		// The server's goroutines are blocked reading pipes that
+		// nobody writes: Close must end them.
+		server.Close()
+		for range 4 {
+			if err := <-done; err == nil {
+				t.Error("a transfer cut by Close succeeded")
+			}
+		}
+		client.Close()
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // runtime goroutines (timers, AfterFunc) finish
+	}
+	if after := runtime.NumGoroutine(); after > before {
+		buf := make([]byte, 1<<20)
+		t.Errorf("%d goroutines before, %d after:\n%s", before, after, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// TestCloseWhileFetching: a client's Close ends its own Fetches, which
+// return an error naming the closed transport.
+func TestCloseWhileFetching(t *testing.T) {
+	s := newSecret()
+	server, src, _ := served(t, s, opts{})
+	client, _ := newTransport(t, s, opts{})
+	writers := src.Stream("slow", 1<<30)
+	done := make(chan error, 1)
+	go func() {
+		_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "slow"}, tmpFile(t))
+		done <- err
+	}()
+	w := <-writers
+	defer w.Close()
+	client.Close()
+	if err := <-done; !errors.Is(err, net.ErrClosed) {
+		t.Errorf("got %v, want %v", err, net.ErrClosed)
+	}
+}
+
+// TestSparseSendsOnlyData: the server sends the data extents of a sparse
+// file, not its holes.
+func TestSparseSendsOnlyData(t *testing.T) {
+	s := newSecret()
+	server, src, _ := served(t, s, opts{})
+	client, _ := newTransport(t, s, opts{})
+	name := filepath.Join(src.Root(), "sparse")
+	f, _ := os.Create(name)
+	f.Truncate(1 << 30)
+	f.WriteAt(bytes.Repeat([]byte("d"), 8192), 1<<29)
+	f.Close()
+	got := tmpFile(t)
+	info, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "sparse"}, got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Size != 1<<30 {
+		t.Fatalf("size %d", info.Size)
+	}
+	if sent := server.Stats().BytesSent; sent > 1<<20 {
+		t.Errorf("sent %d bytes for 8 KiB of data", sent)
+	}
+}
+
+// TestShrunkFile: a file that is shorter than its description is not sent
+// as if it were complete.
+func TestShrunkFile(t *testing.T) {
+	s := newSecret()
+	server, _ := newTransport(t, s, opts{})
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "f"), make([]byte, 3<<20), 0o644)
+	if err := server.Serve(lyingSource{dir: dir, size: 4 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	client, _ := newTransport(t, s, opts{})
+	_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, tmpFile(t))
+	if err == nil {
+		t.Fatal("a file shorter than described was received")
+	}
+	t.Log(err)
+}
+
+// lyingSource describes its files with a wrong size.
+type lyingSource struct {
+	dir  string
+	size int64
+}
+
+func (l lyingSource) OpenPublished(ctx context.Context, p string) (*os.File, dtl.FileInfo, error) {
+	f, err := os.Open(filepath.Join(l.dir, p))
+	if err != nil {
+		return nil, dtl.FileInfo{}, dtl.ErrNotFound
+	}
+	return f, dtl.FileInfo{Size: l.size, Mode: 0o100644, Generation: 1}, nil
+}

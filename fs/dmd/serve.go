@@ -1,0 +1,97 @@
+package dmd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/hfl"
+)
+
+var _ dtl.Source = (*DMD)(nil)
+
+// OpenPublished implements dtl.Source: it opens a file for a peer. Only
+// complete files this node published are served, and only from inside the
+// backing directory: the path is resolved beneath it by the kernel
+// (openat2 RESOLVE_BENEATH), so "..", absolute paths and symbolic links
+// that leave the directory are refused, as is dyadfs's own state.
+func (d *DMD) OpenPublished(ctx context.Context, path string) (*os.File, dtl.FileInfo, error) {
+	rel, err := hfl.CleanPath(path)
+	if err != nil || rel != path || rel == InternalDir || strings.HasPrefix(rel, InternalDir+"/") {
+		return nil, dtl.FileInfo{}, fmt.Errorf("%q: %w", path, dtl.ErrOutside)
+	}
+	f, err := d.OpenBeneath(rel, unix.O_RDONLY|unix.O_NOCTTY|unix.O_NONBLOCK)
+	switch {
+	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR):
+		return nil, dtl.FileInfo{}, fmt.Errorf("%s: %w", rel, dtl.ErrNotFound)
+	case errors.Is(err, unix.EXDEV), errors.Is(err, unix.ELOOP):
+		return nil, dtl.FileInfo{}, fmt.Errorf("%s leads outside the backing directory: %w", rel, dtl.ErrOutside)
+	case err != nil:
+		return nil, dtl.FileInfo{}, fmt.Errorf("open %s: %w", rel, err)
+	}
+	info, err := d.servable(ctx, rel, f)
+	if err != nil {
+		f.Close()
+		return nil, dtl.FileInfo{}, err
+	}
+	// Reads block from here on (the O_NONBLOCK only kept a FIFO from
+	// hanging the open).
+	if err := unix.SetNonblock(int(f.Fd()), false); err != nil {
+		f.Close()
+		return nil, dtl.FileInfo{}, err
+	}
+	return f, info, nil
+}
+
+// OpenBeneath opens rel in the backing directory with flags, resolving it
+// beneath the directory: a path whose resolution would leave it (through
+// "..", an absolute symbolic link or one that climbs out) fails with EXDEV,
+// and so does a /proc magic link.
+func (d *DMD) OpenBeneath(rel string, flags int) (*os.File, error) {
+	fd, err := unix.Openat2(d.backingFd, rel, &unix.OpenHow{
+		Flags:   uint64(flags) | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: rel, Err: err}
+	}
+	return os.NewFile(uintptr(fd), d.BackingPath(rel)), nil
+}
+
+// servable checks that f, opened at rel, is a complete regular file that
+// this node published, and describes it.
+func (d *DMD) servable(ctx context.Context, rel string, f *os.File) (dtl.FileInfo, error) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return dtl.FileInfo{}, err
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return dtl.FileInfo{}, fmt.Errorf("%s is not a regular file: %w", rel, dtl.ErrNotFound)
+	}
+	d.mu.Lock()
+	busy := d.busy[IDOf(&st)] != nil
+	d.mu.Unlock()
+	if busy {
+		return dtl.FileInfo{}, fmt.Errorf("%s: %w", rel, dtl.ErrBusy)
+	}
+	rec, _, err := d.loc.Record(ctx, rel)
+	if errors.Is(err, hfl.ErrNotFound) || (err == nil && rec.Owner != d.cfg.Node) {
+		return dtl.FileInfo{}, fmt.Errorf("%s: %w", rel, dtl.ErrNotPublished)
+	}
+	if err != nil {
+		return dtl.FileInfo{}, fmt.Errorf("record of %s: %w", rel, err)
+	}
+	if rec.Size != st.Size || rec.MtimeNs != st.Mtim.Nano() {
+		// Changed since it was published without a write handle seeing
+		// it; its next publish will tell.
+		return dtl.FileInfo{}, fmt.Errorf("%s differs from its published record: %w", rel, dtl.ErrBusy)
+	}
+	d.stats.serves.Add(1)
+	return dtl.FileInfo{Size: st.Size, Mode: st.Mode, Uid: st.Uid, Gid: st.Gid, MtimeNs: st.Mtim.Nano(), Generation: rec.Generation}, nil
+}

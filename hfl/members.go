@@ -1,0 +1,75 @@
+package hfl
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Member is a running daemon of a job, as it announces itself.
+type Member struct {
+	Node string `json:"node"`
+	// Transport names the data transport and Addr where it listens.
+	Transport string `json:"transport"`
+	Addr      string `json:"addr"`
+	// Started tells a restarted daemon from its previous life.
+	Started time.Time `json:"started"`
+}
+
+// ErrNotRunning means a node has no live registration: its daemon stopped or
+// died (its lease expired).
+var ErrNotRunning = errors.New("node is not running")
+
+// memberKey and secretKey live beside the records of a namespace; record
+// keys start with a hex bin, so they cannot collide.
+func memberKey(namespace, node string) string { return namespace + "/nodes/" + node }
+func secretKey(namespace string) string       { return namespace + "/secret" }
+
+// Register announces this daemon in the namespace until the store closes or,
+// if the daemon dies, ttl after its last renewal.
+func (l *Locator) Register(ctx context.Context, m Member, ttl time.Duration) error {
+	v, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if err := l.store.Register(ctx, memberKey(l.cfg.Namespace, m.Node), v, ttl); err != nil {
+		return fmt.Errorf("register node %s: %w", m.Node, err)
+	}
+	return nil
+}
+
+// Member returns node's registration, or ErrNotRunning.
+func (l *Locator) Member(ctx context.Context, node string) (Member, error) {
+	v, err := l.store.Get(ctx, memberKey(l.cfg.Namespace, node))
+	if errors.Is(err, ErrNotFound) {
+		return Member{}, fmt.Errorf("node %s: %w", node, ErrNotRunning)
+	}
+	if err != nil {
+		return Member{}, fmt.Errorf("look up node %s: %w", node, err)
+	}
+	var m Member
+	if err := json.Unmarshal(v, &m); err != nil {
+		return Member{}, fmt.Errorf("node %s: bad registration: %w", node, err)
+	}
+	return m, nil
+}
+
+// SecretSize is the size of a generated job secret.
+const SecretSize = 32
+
+// JobSecret returns the namespace's shared secret. The first daemon of a
+// namespace generates it and stores it; every later one reads that one.
+func (l *Locator) JobSecret(ctx context.Context) ([]byte, error) {
+	candidate := make([]byte, SecretSize)
+	if _, err := rand.Read(candidate); err != nil {
+		return nil, err
+	}
+	s, err := l.store.PutIfAbsent(ctx, secretKey(l.cfg.Namespace), candidate)
+	if err != nil {
+		return nil, fmt.Errorf("job secret of namespace %s: %w", l.cfg.Namespace, err)
+	}
+	return s, nil
+}

@@ -1,0 +1,777 @@
+package hfl
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// The etcd backend keeps the store in an etcd cluster shared by every node
+// of a job (URL etcd://host:port[,host:port...]).
+//
+// Layout. The store holds two maps, records and registered values, and the
+// conformance suite requires them to be apart (a registered value is not a
+// record), so each has its own subtree under the prefix:
+//
+//	<prefix>rec/<key>  a Record as JSON; its "gen" field is stored as 0
+//	<prefix>val/<key>  a value of Register or PutIfAbsent, raw bytes
+//
+// with the prefix "/dyadfs/" by default, so a job's records are listed by
+// `etcdctl get --prefix /dyadfs/rec/<namespace>/`.
+//
+// Generations are etcd revisions: a record's generation is the ModRevision of
+// its key, which Publish learns from the header of its one Put. Revisions are
+// global, grow with every write and are never reused, not even after a key is
+// deleted and written again, and they survive server restarts.
+//
+// Waits read the key, then watch it from the revision of that read plus one,
+// so no publish between the read and the watch is missed and nothing polls.
+// The client library reconnects a watch by itself when the server restarts
+// or a connection drops, and resumes it where it was; if the revision to
+// resume from has been compacted away meanwhile, the wait reads the key again
+// and watches anew.
+//
+// Registered values live on a lease of their own, renewed until Close, which
+// revokes it so that the value disappears at once. A daemon that dies stops
+// renewing, and the server deletes the value when the lease's TTL runs out.
+// etcd raises short TTLs to its minimum, ceil(1.5 x election timeout): 2 s
+// with etcd's default 1 s election timeout, so a TTL of 1 s lasts 2 s.
+
+// DefaultEtcdPrefix is where the store's keys live in etcd.
+const DefaultEtcdPrefix = "/dyadfs/"
+
+// Subtrees under the prefix.
+const (
+	etcdRecordDir = "rec/"
+	etcdValueDir  = "val/"
+)
+
+// Message size bounds. Records are a few hundred bytes and values small;
+// etcd's server refuses requests above 1.5 MiB by default. A watch response
+// can batch many events of one key, so replies get more room.
+const (
+	etcdMaxSendBytes = 2 << 20
+	etcdMaxRecvBytes = 16 << 20
+)
+
+// ErrUnavailable means the metadata store did not answer in time: the
+// servers are down, unreachable or without a leader. Such errors also match
+// context.DeadlineExceeded.
+var ErrUnavailable = errors.New("metadata store unavailable")
+
+// EtcdConfig configures the etcd backend.
+type EtcdConfig struct {
+	// Endpoints are the client addresses of the etcd cluster, host:port.
+	Endpoints []string
+	// Prefix is prepended to every key; different prefixes on one cluster
+	// are different stores.
+	Prefix string
+	// DialTimeout bounds each connection attempt and the reachability check
+	// of OpenEtcdStore. After a failed attempt the client tries again within
+	// DialTimeout, so a server that comes back is found quickly.
+	DialTimeout time.Duration
+	// RequestTimeout bounds every call to etcd (each attempt of a waiting
+	// read too): a call fails with ErrUnavailable rather than hang while
+	// etcd is down. The caller's context bounds it further.
+	RequestTimeout time.Duration
+	// KeepAliveTime and KeepAliveTimeout: a connection with open watches or
+	// leases is pinged after KeepAliveTime without traffic and dropped if no
+	// answer comes within KeepAliveTimeout, which detects a dead server
+	// whose connections do not close. gRPC pings no more often than every
+	// 10 s, and etcd refuses pings more often than every 5 s.
+	KeepAliveTime    time.Duration
+	KeepAliveTimeout time.Duration
+}
+
+// DefaultEtcdConfig returns the defaults for the given endpoints.
+func DefaultEtcdConfig(endpoints ...string) EtcdConfig {
+	return EtcdConfig{
+		Endpoints:        endpoints,
+		Prefix:           DefaultEtcdPrefix,
+		DialTimeout:      3 * time.Second,
+		RequestTimeout:   5 * time.Second,
+		KeepAliveTime:    10 * time.Second,
+		KeepAliveTimeout: 3 * time.Second,
+	}
+}
+
+// Validate checks the configuration without connecting.
+func (c EtcdConfig) Validate() error {
+	if len(c.Endpoints) == 0 {
+		return errors.New("etcd: no endpoints (want host:port)")
+	}
+	for _, ep := range c.Endpoints {
+		if err := checkEtcdEndpoint(ep); err != nil {
+			return err
+		}
+	}
+	if c.Prefix == "" {
+		return errors.New("etcd: empty key prefix (the default is " + DefaultEtcdPrefix + ")")
+	}
+	for name, d := range map[string]time.Duration{
+		"dial timeout": c.DialTimeout, "request timeout": c.RequestTimeout,
+		"keepalive time": c.KeepAliveTime, "keepalive timeout": c.KeepAliveTimeout,
+	} {
+		if d <= 0 {
+			return fmt.Errorf("etcd: %s %v must be positive", name, d)
+		}
+	}
+	return nil
+}
+
+// parseEtcdEndpoints splits the address part of an etcd:// URL into its
+// endpoints and checks their form.
+func parseEtcdEndpoints(addr string) ([]string, error) {
+	if addr == "" {
+		return nil, errors.New("no endpoints: want etcd://host:port[,host:port...]")
+	}
+	eps := strings.Split(addr, ",")
+	for _, ep := range eps {
+		if err := checkEtcdEndpoint(ep); err != nil {
+			return nil, err
+		}
+	}
+	return eps, nil
+}
+
+func checkEtcdEndpoint(ep string) error {
+	const want = "want host:port, e.g. 127.0.0.1:2379, comma-separated for several"
+	if ep == "" {
+		return fmt.Errorf("empty etcd endpoint: %s", want)
+	}
+	host, port, err := net.SplitHostPort(ep)
+	if err != nil {
+		return fmt.Errorf("etcd endpoint %q: %s", ep, want)
+	}
+	if host == "" || strings.ContainsAny(host, "/?#@ ") {
+		return fmt.Errorf("etcd endpoint %q: bad host: %s", ep, want)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("etcd endpoint %q: port %q is not a number from 1 to 65535", ep, port)
+	}
+	return nil
+}
+
+// EtcdStore is the Store kept in an etcd cluster.
+type EtcdStore struct {
+	cfg       EtcdConfig
+	endpoints string // for messages
+	cli       *clientv3.Client
+
+	// ctx is canceled by Close; every call made through the store ends
+	// with it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	once   sync.Once
+
+	// regMu serializes Register and Close's withdrawal; regs holds the live
+	// registrations by etcd key.
+	regMu sync.Mutex
+	regs  map[string]*etcdRegistration
+}
+
+var _ Store = (*EtcdStore)(nil)
+
+// OpenEtcdStore connects to the etcd cluster and checks, within
+// cfg.DialTimeout (or ctx, if shorter), that it answers a read.
+func OpenEtcdStore(ctx context.Context, cfg EtcdConfig) (*EtcdStore, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	endpoints := strings.Join(cfg.Endpoints, ",")
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            cfg.Endpoints,
+		DialTimeout:          cfg.DialTimeout,
+		DialKeepAliveTime:    cfg.KeepAliveTime,
+		DialKeepAliveTimeout: cfg.KeepAliveTimeout,
+		MaxCallSendMsgSize:   etcdMaxSendBytes,
+		MaxCallRecvMsgSize:   etcdMaxRecvBytes,
+		// The store reports errors to its caller; the library logs nothing.
+		Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			// gRPC's default backoff grows to 2 minutes between attempts,
+			// which would keep a client away from a restarted server for as
+			// long; cap it so that the store reconnects within seconds.
+			Backoff: backoff.Config{
+				BaseDelay:  100 * time.Millisecond,
+				Multiplier: 1.6,
+				Jitter:     0.2,
+				MaxDelay:   cfg.DialTimeout,
+			},
+			MinConnectTimeout: cfg.DialTimeout,
+		})},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("metadata store etcd://%s: %w", endpoints, err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+	defer cancel()
+	// A linearizable read answers only if a leader and a quorum are up.
+	if _, err := cli.Get(cctx, cfg.Prefix, clientv3.WithCountOnly()); err != nil {
+		cli.Close()
+		const hint = "check that etcd runs there and that the URL names its client endpoints"
+		switch {
+		case errors.Is(ctx.Err(), context.Canceled):
+			return nil, fmt.Errorf("metadata store etcd://%s: %w", endpoints, ctx.Err())
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("metadata store etcd://%s: no answer before the deadline (%w): %s", endpoints, ctx.Err(), hint)
+		case cctx.Err() != nil:
+			return nil, fmt.Errorf("metadata store etcd://%s: no answer within %v: %s", endpoints, cfg.DialTimeout, hint)
+		}
+		return nil, fmt.Errorf("metadata store etcd://%s: %w: %s", endpoints, err, hint)
+	}
+	sctx, scancel := context.WithCancel(context.Background())
+	return &EtcdStore{
+		cfg:       cfg,
+		endpoints: endpoints,
+		cli:       cli,
+		ctx:       sctx,
+		cancel:    scancel,
+		regs:      make(map[string]*etcdRegistration),
+	}, nil
+}
+
+func (s *EtcdStore) recordKey(key string) string { return s.cfg.Prefix + etcdRecordDir + key }
+func (s *EtcdStore) valueKey(key string) string  { return s.cfg.Prefix + etcdValueDir + key }
+
+// call returns the context of one call to etcd: the caller's, bounded by
+// RequestTimeout and ended by Close.
+func (s *EtcdStore) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	stop := context.AfterFunc(s.ctx, cancel)
+	return cctx, func() {
+		stop()
+		cancel()
+	}
+}
+
+// fail turns the error of a call made with cctx, derived by call from ctx,
+// into the store's: ErrClosed after Close, the caller's context error, or
+// ErrUnavailable when the request timeout ran out.
+func (s *EtcdStore) fail(ctx, cctx context.Context, op, key string, err error) error {
+	switch {
+	case s.ctx.Err() != nil:
+		return fmt.Errorf("etcd: %s %q: %w", op, key, ErrClosed)
+	case ctx.Err() != nil:
+		return fmt.Errorf("etcd: %s %q: %w", op, key, ctx.Err())
+	case errors.Is(cctx.Err(), context.DeadlineExceeded):
+		return fmt.Errorf("etcd: %s %q: %w: no answer from %s within %v (%w)",
+			op, key, ErrUnavailable, s.endpoints, s.cfg.RequestTimeout, context.DeadlineExceeded)
+	}
+	return fmt.Errorf("etcd: %s %q at %s: %w", op, key, s.endpoints, err)
+}
+
+func (s *EtcdStore) checkOpen() error {
+	if s.ctx.Err() != nil {
+		return ErrClosed
+	}
+	return nil
+}
+
+// Publish implements Store: one Put, whose revision is the generation.
+func (s *EtcdStore) Publish(ctx context.Context, key string, rec Record) (Record, error) {
+	if err := s.checkOpen(); err != nil {
+		return Record{}, err
+	}
+	rec.Generation = 0
+	v, err := json.Marshal(rec)
+	if err != nil {
+		return Record{}, fmt.Errorf("etcd: publish %q: %w", key, err)
+	}
+	cctx, cancel := s.call(ctx)
+	defer cancel()
+	resp, err := s.cli.Put(cctx, s.recordKey(key), string(v))
+	if err != nil {
+		return Record{}, s.fail(ctx, cctx, "publish", key, err)
+	}
+	rec.Generation = uint64(resp.Header.Revision)
+	return rec, nil
+}
+
+// decodeRecord reads a stored record; its generation is the key's revision.
+func decodeRecord(key string, v []byte, modRev int64) (Record, error) {
+	var rec Record
+	if err := json.Unmarshal(v, &rec); err != nil {
+		return Record{}, fmt.Errorf("etcd: record %q is corrupt: %w", key, err)
+	}
+	rec.Generation = uint64(modRev)
+	return rec, nil
+}
+
+// Lookup implements Store.
+func (s *EtcdStore) Lookup(ctx context.Context, key string) (Record, error) {
+	if err := s.checkOpen(); err != nil {
+		return Record{}, err
+	}
+	cctx, cancel := s.call(ctx)
+	defer cancel()
+	resp, err := s.cli.Get(cctx, s.recordKey(key))
+	if err != nil {
+		return Record{}, s.fail(ctx, cctx, "lookup", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return Record{}, ErrNotFound
+	}
+	kv := resp.Kvs[0]
+	return decodeRecord(key, kv.Value, kv.ModRevision)
+}
+
+// Wait implements Store. It ends only with a record, ctx's error, ErrClosed,
+// a corrupt record or an error etcd will not recover from: while etcd is
+// down or restarting it keeps waiting.
+func (s *EtcdStore) Wait(ctx context.Context, key string, after uint64) (Record, error) {
+	if err := s.checkOpen(); err != nil {
+		return Record{}, err
+	}
+	ekey := s.recordKey(key)
+	retry := newEtcdBackoff()
+	for {
+		// Read, and if there is nothing newer than after, watch from the
+		// revision of the read on.
+		cctx, cancel := s.call(ctx)
+		resp, err := s.cli.Get(cctx, ekey)
+		cancel()
+		if err != nil {
+			err = s.fail(ctx, cctx, "wait for", key, err)
+			if !etcdTransient(err) {
+				return Record{}, err
+			}
+			if err := s.sleep(ctx, retry.next()); err != nil {
+				return Record{}, err
+			}
+			continue
+		}
+		if len(resp.Kvs) > 0 && uint64(resp.Kvs[0].ModRevision) > after {
+			kv := resp.Kvs[0]
+			return decodeRecord(key, kv.Value, kv.ModRevision)
+		}
+		rec, found, err := s.watch(ctx, key, ekey, resp.Header.Revision+1, after)
+		if found || err != nil {
+			return rec, err
+		}
+		// The watch ended without an answer (its start was compacted away,
+		// or the server canceled it): read again.
+		if err := s.sleep(ctx, retry.next()); err != nil {
+			return Record{}, err
+		}
+	}
+}
+
+// watch watches ekey from revision rev for a record newer than after. It
+// returns found == false with no error when the watch ended and the caller
+// should read and watch again.
+func (s *EtcdStore) watch(ctx context.Context, key, ekey string, rev int64, after uint64) (rec Record, found bool, err error) {
+	// The watch's context is the store's, not the caller's, and ends when
+	// this returns; see cancelWhenCreated for why.
+	wctx, cancel := context.WithCancel(s.ctx)
+	wch := s.cli.Watch(wctx, ekey, clientv3.WithRev(rev), clientv3.WithCreatedNotify())
+	settled := false // etcd confirmed the watch, or it ended
+	defer func() {
+		if settled {
+			cancel()
+		} else {
+			go s.cancelWhenCreated(wch, cancel)
+		}
+	}()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return Record{}, false, ErrClosed
+		case <-ctx.Done():
+			return Record{}, false, ctx.Err()
+		case wr, ok := <-wch:
+			if !ok {
+				// The channel closes when the client closes or gives up
+				// on the stream; start over unless the store is closed.
+				settled = true
+				if err := s.checkOpen(); err != nil {
+					return Record{}, false, err
+				}
+				return Record{}, false, nil
+			}
+			if wr.Created {
+				settled = true
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypePut && uint64(ev.Kv.ModRevision) > after {
+					rec, err := decodeRecord(key, ev.Kv.Value, ev.Kv.ModRevision)
+					return rec, err == nil, err
+				}
+			}
+			if wr.CompactRevision != 0 {
+				// Events from rev on are gone: read the key again.
+				return Record{}, false, nil
+			}
+			if err := wr.Err(); err != nil {
+				if werr := s.fail(ctx, wctx, "wait for", key, err); !etcdTransient(werr) {
+					return Record{}, false, werr
+				}
+				return Record{}, false, nil
+			}
+		}
+	}
+}
+
+// cancelWhenCreated cancels a watch once etcd has confirmed it. The client
+// library (v3.5) cannot cancel on the server a watch whose creation it has
+// requested but not yet seen confirmed: it forgets it, and the server keeps
+// it until the connection's watch stream ends. Waits abandoned that early
+// (a short deadline, an interrupted open) would pile up watches on the
+// server, so such a watch is cancelled only after its confirmation, or after
+// RequestTimeout if none comes.
+func (s *EtcdStore) cancelWhenCreated(wch clientv3.WatchChan, cancel context.CancelFunc) {
+	defer cancel()
+	t := time.NewTimer(s.cfg.RequestTimeout)
+	defer t.Stop()
+	for {
+		select {
+		case wr, ok := <-wch:
+			if !ok || wr.Created || wr.Canceled {
+				return
+			}
+		case <-t.C:
+			return
+		case <-s.ctx.Done():
+			return
+		}
+	}
+}
+
+// sleep waits d unless ctx ends or the store closes.
+func (s *EtcdStore) sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.ctx.Done():
+		return ErrClosed
+	}
+}
+
+// etcdTransient reports whether an error from fail may go away by itself:
+// the server is down, restarting, electing a leader or overloaded.
+func etcdTransient(err error) bool {
+	if errors.Is(err, ErrUnavailable) {
+		return true
+	}
+	if errors.Is(err, ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	code := status.Code(err) // looks through wrapping
+	if ee := (rpctypes.EtcdError{}); errors.As(err, &ee) {
+		code = ee.Code()
+	}
+	switch code {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Internal, codes.Aborted, codes.ResourceExhausted:
+		return true
+	}
+	return false
+}
+
+// etcdBackoff spaces retries: 50 ms, doubling to 2 s.
+type etcdBackoff struct{ d time.Duration }
+
+func newEtcdBackoff() *etcdBackoff { return &etcdBackoff{} }
+
+func (b *etcdBackoff) next() time.Duration {
+	switch {
+	case b.d == 0:
+		b.d = 50 * time.Millisecond
+	case b.d < 2*time.Second:
+		b.d = min(2*b.d, 2*time.Second)
+	}
+	return b.d
+}
+
+// Remove implements Store: with an owner, it reads the record and deletes
+// it only if it is still the same revision, retrying if another write came
+// in between.
+func (s *EtcdStore) Remove(ctx context.Context, key, owner string) error {
+	if err := s.checkOpen(); err != nil {
+		return err
+	}
+	ekey := s.recordKey(key)
+	cctx, cancel := s.call(ctx)
+	defer cancel()
+	if owner == "" {
+		resp, err := s.cli.Delete(cctx, ekey)
+		if err != nil {
+			return s.fail(ctx, cctx, "remove", key, err)
+		}
+		if resp.Deleted == 0 {
+			return ErrNotFound
+		}
+		return nil
+	}
+	resp, err := s.cli.Get(cctx, ekey)
+	if err != nil {
+		return s.fail(ctx, cctx, "remove", key, err)
+	}
+	kvs := resp.Kvs
+	for {
+		if len(kvs) == 0 {
+			return ErrNotFound
+		}
+		kv := kvs[0]
+		rec, err := decodeRecord(key, kv.Value, kv.ModRevision)
+		if err != nil {
+			return err
+		}
+		if rec.Owner != owner {
+			return nil
+		}
+		tr, err := s.cli.Txn(cctx).
+			If(clientv3.Compare(clientv3.ModRevision(ekey), "=", kv.ModRevision)).
+			Then(clientv3.OpDelete(ekey)).
+			Else(clientv3.OpGet(ekey)).
+			Commit()
+		if err != nil {
+			return s.fail(ctx, cctx, "remove", key, err)
+		}
+		if tr.Succeeded {
+			return nil
+		}
+		kvs = tr.Responses[0].GetResponseRange().GetKvs()
+	}
+}
+
+// Get implements Store.
+func (s *EtcdStore) Get(ctx context.Context, key string) ([]byte, error) {
+	if err := s.checkOpen(); err != nil {
+		return nil, err
+	}
+	cctx, cancel := s.call(ctx)
+	defer cancel()
+	resp, err := s.cli.Get(cctx, s.valueKey(key))
+	if err != nil {
+		return nil, s.fail(ctx, cctx, "get", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, ErrNotFound
+	}
+	return resp.Kvs[0].Value, nil
+}
+
+// PutIfAbsent implements Store: one transaction that writes value if the
+// key was never created, and otherwise reads what is there.
+func (s *EtcdStore) PutIfAbsent(ctx context.Context, key string, value []byte) ([]byte, error) {
+	if err := s.checkOpen(); err != nil {
+		return nil, err
+	}
+	ekey := s.valueKey(key)
+	cctx, cancel := s.call(ctx)
+	defer cancel()
+	tr, err := s.cli.Txn(cctx).
+		If(clientv3.Compare(clientv3.CreateRevision(ekey), "=", 0)).
+		Then(clientv3.OpPut(ekey, string(value))).
+		Else(clientv3.OpGet(ekey)).
+		Commit()
+	if err != nil {
+		return nil, s.fail(ctx, cctx, "put-if-absent", key, err)
+	}
+	if tr.Succeeded {
+		return append([]byte(nil), value...), nil
+	}
+	kvs := tr.Responses[0].GetResponseRange().GetKvs()
+	if len(kvs) == 0 {
+		// Cannot happen: the comparison and the read are one transaction.
+		return nil, fmt.Errorf("etcd: put-if-absent %q: key exists but reads empty", key)
+	}
+	return kvs[0].Value, nil
+}
+
+// etcdRegistration is one registered value and the goroutine that keeps
+// its lease alive.
+type etcdRegistration struct {
+	key   string // store key, for messages
+	ekey  string
+	value string
+	ttl   int64 // seconds, as asked
+
+	cancel context.CancelFunc
+	done   chan struct{} // closed when keep returns
+
+	mu    sync.Mutex
+	lease clientv3.LeaseID // the lease the value is on now
+}
+
+func (r *etcdRegistration) currentLease() clientv3.LeaseID {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lease
+}
+
+// Register implements Store. ttl is rounded up to whole seconds; etcd may
+// raise it further to its minimum lease TTL (2 s with default settings).
+// Registering a key again replaces the earlier registration.
+func (s *EtcdStore) Register(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("etcd: register %q: ttl %v must be positive", key, ttl)
+	}
+	secs := int64(math.Ceil(ttl.Seconds()))
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	if err := s.checkOpen(); err != nil {
+		return err
+	}
+	reg := &etcdRegistration{key: key, ekey: s.valueKey(key), value: string(value), ttl: secs, done: make(chan struct{})}
+	// Stop renewing an earlier registration first, so that it cannot put
+	// the key back on its own lease once this one has, and revoke its lease
+	// only after the key has moved to the new lease.
+	old := s.regs[key]
+	if old != nil {
+		old.cancel()
+		<-old.done
+		delete(s.regs, key)
+	}
+	defer func() {
+		if old != nil {
+			s.revoke(old.currentLease())
+		}
+	}()
+	cctx, cancel := s.call(ctx)
+	defer cancel()
+	lease, err := s.grantAndPut(cctx, reg)
+	if err != nil {
+		return s.fail(ctx, cctx, "register", key, err)
+	}
+	reg.lease = lease
+	kctx, kcancel := context.WithCancel(s.ctx)
+	ch, err := s.cli.KeepAlive(kctx, lease)
+	if err != nil {
+		kcancel()
+		s.revoke(lease)
+		return s.fail(ctx, cctx, "register", key, err)
+	}
+	reg.cancel = kcancel
+	s.regs[key] = reg
+	go s.keep(kctx, reg, ch)
+	return nil
+}
+
+// grantAndPut puts reg's value on a new lease and returns the lease.
+func (s *EtcdStore) grantAndPut(ctx context.Context, reg *etcdRegistration) (clientv3.LeaseID, error) {
+	g, err := s.cli.Grant(ctx, reg.ttl)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := s.cli.Put(ctx, reg.ekey, reg.value, clientv3.WithLease(g.ID)); err != nil {
+		s.revoke(g.ID)
+		return 0, err
+	}
+	return g.ID, nil
+}
+
+// keep drains the lease's keepalive answers until ctx ends. If the lease is
+// lost while the store is open (etcd was unreachable for longer than the
+// TTL, or the client gave up on the lease during a restart), it puts the
+// value on a new lease, retrying until it succeeds.
+func (s *EtcdStore) keep(ctx context.Context, reg *etcdRegistration, ch <-chan *clientv3.LeaseKeepAliveResponse) {
+	defer close(reg.done)
+	for {
+		for range ch {
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		retry := newEtcdBackoff()
+		for {
+			cctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+			lease, err := s.grantAndPut(cctx, reg)
+			if err == nil {
+				ch, err = s.cli.KeepAlive(ctx, lease)
+				if err != nil {
+					s.revoke(lease)
+				}
+			}
+			cancel()
+			if err == nil {
+				reg.mu.Lock()
+				old := reg.lease
+				reg.lease = lease
+				reg.mu.Unlock()
+				// The value is on the new lease now; the old one, if the
+				// server still has it, holds nothing of ours.
+				s.revoke(old)
+				break
+			}
+			t := time.NewTimer(retry.next())
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+		}
+	}
+}
+
+// revoke revokes a lease, which deletes what was put on it, ignoring
+// errors: an unrevoked lease expires after its TTL.
+func (s *EtcdStore) revoke(lease clientv3.LeaseID) error {
+	if lease == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.RequestTimeout)
+	defer cancel()
+	_, err := s.cli.Revoke(ctx, lease)
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return nil
+	}
+	return err
+}
+
+// Close implements Store: it ends pending calls and waits (ErrClosed),
+// revokes the leases of registered values, which deletes them, and closes
+// the connection. If etcd does not answer the revocations within
+// RequestTimeout, the values expire after their TTL and Close says so.
+func (s *EtcdStore) Close() error {
+	var err error
+	s.once.Do(func() {
+		s.cancel()
+		s.regMu.Lock()
+		regs := s.regs
+		s.regs = nil
+		s.regMu.Unlock()
+
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var errs []error
+		for _, reg := range regs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-reg.done
+				if rerr := s.revoke(reg.currentLease()); rerr != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("etcd: withdraw %q (it expires after %ds): %w", reg.key, reg.ttl, rerr))
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		if cerr := s.cli.Close(); cerr != nil && !errors.Is(cerr, context.Canceled) {
+			errs = append(errs, fmt.Errorf("etcd: close: %w", cerr))
+		}
+		err = errors.Join(errs...)
+	})
+	return err
+}
