@@ -77,7 +77,9 @@ func newFixture(t *testing.T, timeout time.Duration) *fixture {
 	return fx
 }
 
-func (fx *fixture) rec(path string) hfl.Record { return hfl.Record{Path: path, Owner: "owner", Generation: 1} }
+func (fx *fixture) rec(path string) hfl.Record {
+	return hfl.Record{Path: path, Owner: "owner", Generation: 1}
+}
 
 func (fx *fixture) nothingLeft(t *testing.T, path string) {
 	t.Helper()
