@@ -60,9 +60,22 @@ type Fetcher struct {
 
 	mu       sync.Mutex
 	inflight map[string]*fetchCall
+	// owners caches registrations: one store round trip less per
+	// transfer. A failed transfer always asks the store again.
+	owners map[string]cachedOwner
+	temps  *tempPool
 
 	stats FetchStats
 }
+
+type cachedOwner struct {
+	m  hfl.Member
+	at time.Time
+}
+
+// ownerCacheTTL bounds how long a registration is used without asking the
+// store again.
+const ownerCacheTTL = 30 * time.Second
 
 // FetchStats counts transfers.
 type FetchStats struct {
@@ -87,8 +100,12 @@ func NewFetcher(cfg FetcherConfig) (*Fetcher, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Fetcher{cfg: cfg, log: log, inflight: make(map[string]*fetchCall)}, nil
+	return &Fetcher{cfg: cfg, log: log, inflight: make(map[string]*fetchCall), owners: make(map[string]cachedOwner),
+		temps: newTempPool(cfg.TempDir, 16)}, nil
 }
+
+// Close removes the files kept ready for transfers. Fetches must be over.
+func (f *Fetcher) Close() error { return f.temps.close() }
 
 // Stats returns the counters.
 func (f *Fetcher) Stats() *FetchStats { return &f.stats }
@@ -134,7 +151,7 @@ func (f *Fetcher) transfer(ctx context.Context, rec hfl.Record, dst string) erro
 	pause := 20 * time.Millisecond
 	var last error
 	for attempt := 0; ; attempt++ {
-		m, err := f.cfg.Owners.Member(ctx, rec.Owner)
+		m, err := f.owner(ctx, rec.Owner, attempt > 0)
 		if errors.Is(err, hfl.ErrNotRunning) {
 			if last != nil {
 				return fmt.Errorf("%w (%v; last attempt: %v)", ErrOwnerGone, err, last)
@@ -169,10 +186,29 @@ func (f *Fetcher) transfer(ctx context.Context, rec hfl.Record, dst string) erro
 	}
 }
 
+// owner returns node's registration, from the cache unless fresh.
+func (f *Fetcher) owner(ctx context.Context, node string, fresh bool) (hfl.Member, error) {
+	f.mu.Lock()
+	c, ok := f.owners[node]
+	f.mu.Unlock()
+	if ok && !fresh && time.Since(c.at) < ownerCacheTTL {
+		return c.m, nil
+	}
+	m, err := f.cfg.Owners.Member(ctx, node)
+	f.mu.Lock()
+	if err == nil {
+		f.owners[node] = cachedOwner{m: m, at: time.Now()}
+	} else {
+		delete(f.owners, node)
+	}
+	f.mu.Unlock()
+	return m, err
+}
+
 // once runs one transfer into a temporary file and, if it is complete,
 // renames it to dst.
 func (f *Fetcher) once(ctx context.Context, addr string, rec hfl.Record, dst string) error {
-	tmp, err := os.CreateTemp(f.cfg.TempDir, "fetch-*")
+	tmp, err := f.temps.take()
 	if err != nil {
 		return fmt.Errorf("temporary file: %w", err)
 	}
@@ -235,4 +271,76 @@ func verify(tmp *os.File, info FileInfo) error {
 		return fmt.Errorf("received %d bytes of a %d-byte file: %w", st.Size, info.Size, ErrProtocol)
 	}
 	return nil
+}
+
+// tempPool keeps a few empty temporary files ready. Creating a file costs
+// the filesystem an inode allocation, which on a busy ext4 (one that freed
+// many inodes in the last minute) can take a millisecond: the pool moves
+// that off the path of a waiting open.
+type tempPool struct {
+	dir    string
+	ready  chan *os.File
+	refill chan struct{}
+	done   chan struct{}
+	wg     sync.WaitGroup
+}
+
+func newTempPool(dir string, size int) *tempPool {
+	p := &tempPool{dir: dir, ready: make(chan *os.File, size), refill: make(chan struct{}, 1), done: make(chan struct{})}
+	p.wg.Add(1)
+	go p.fill()
+	p.refill <- struct{}{}
+	return p
+}
+
+// take returns an empty temporary file, from the pool if it has one.
+func (p *tempPool) take() (*os.File, error) {
+	select {
+	case p.refill <- struct{}{}:
+	default:
+	}
+	select {
+	case f := <-p.ready:
+		return f, nil
+	default:
+		return os.CreateTemp(p.dir, "fetch-*")
+	}
+}
+
+func (p *tempPool) fill() {
+	defer p.wg.Done()
+	for {
+		select {
+		case <-p.done:
+			return
+		case <-p.refill:
+		}
+		for len(p.ready) < cap(p.ready) {
+			f, err := os.CreateTemp(p.dir, "fetch-*")
+			if err != nil {
+				break // a transfer will create its own, and say why
+			}
+			select {
+			case p.ready <- f:
+			case <-p.done:
+				f.Close()
+				os.Remove(f.Name())
+				return
+			}
+		}
+	}
+}
+
+func (p *tempPool) close() error {
+	close(p.done)
+	p.wg.Wait()
+	for {
+		select {
+		case f := <-p.ready:
+			f.Close()
+			os.Remove(f.Name())
+		default:
+			return nil
+		}
+	}
 }

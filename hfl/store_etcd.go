@@ -320,7 +320,9 @@ func (s *EtcdStore) Lookup(ctx context.Context, key string) (Record, error) {
 	}
 	cctx, cancel := s.call(ctx)
 	defer cancel()
-	resp, err := s.cli.Get(cctx, s.recordKey(key))
+	// A serializable read skips a consensus round. Stale, it can only miss
+	// a record, and a miss leads to a Wait, which is exact.
+	resp, err := s.cli.Get(cctx, s.recordKey(key), clientv3.WithSerializable())
 	if err != nil {
 		return Record{}, s.fail(ctx, cctx, "lookup", key, err)
 	}
@@ -334,6 +336,13 @@ func (s *EtcdStore) Lookup(ctx context.Context, key string) (Record, error) {
 // Wait implements Store. It ends only with a record, ctx's error, ErrClosed,
 // a corrupt record or an error etcd will not recover from: while etcd is
 // down or restarting it keeps waiting.
+//
+// It watches first and reads second. A watch that starts at the current
+// revision is one etcd keeps "synced" and sends events to as they happen; a
+// watch that starts at an older revision (the revision of an earlier read,
+// if anything was written since) is served by etcd's catch-up loop, every
+// 100 ms. Reading once etcd has confirmed the watch misses nothing: what was
+// written before the watch began, the read sees.
 func (s *EtcdStore) Wait(ctx context.Context, key string, after uint64) (Record, error) {
 	if err := s.checkOpen(); err != nil {
 		return Record{}, err
@@ -341,45 +350,35 @@ func (s *EtcdStore) Wait(ctx context.Context, key string, after uint64) (Record,
 	ekey := s.recordKey(key)
 	retry := newEtcdBackoff()
 	for {
-		// Read, and if there is nothing newer than after, watch from the
-		// revision of the read on.
-		cctx, cancel := s.call(ctx)
-		resp, err := s.cli.Get(cctx, ekey)
-		cancel()
-		if err != nil {
-			err = s.fail(ctx, cctx, "wait for", key, err)
-			if !etcdTransient(err) {
-				return Record{}, err
-			}
-			if err := s.sleep(ctx, retry.next()); err != nil {
-				return Record{}, err
-			}
-			continue
-		}
-		if len(resp.Kvs) > 0 && uint64(resp.Kvs[0].ModRevision) > after {
-			kv := resp.Kvs[0]
-			return decodeRecord(key, kv.Value, kv.ModRevision)
-		}
-		rec, found, err := s.watch(ctx, key, ekey, resp.Header.Revision+1, after)
+		// A read first: it answers at once if the record is there, and
+		// tells whether etcd is up. (Setting up a watch blocks while etcd
+		// is down, deaf to the caller giving up.)
+		rec, found, up, err := s.read(ctx, key, ekey, after)
 		if found || err != nil {
 			return rec, err
 		}
-		// The watch ended without an answer (its start was compacted away,
-		// or the server canceled it): read again.
+		if up {
+			rec, found, err = s.watch(ctx, key, ekey, after)
+			if found || err != nil {
+				return rec, err
+			}
+		}
+		// etcd is unreachable, or the watch ended without an answer (the
+		// server canceled it): start over.
 		if err := s.sleep(ctx, retry.next()); err != nil {
 			return Record{}, err
 		}
 	}
 }
 
-// watch watches ekey from revision rev for a record newer than after. It
-// returns found == false with no error when the watch ended and the caller
-// should read and watch again.
-func (s *EtcdStore) watch(ctx context.Context, key, ekey string, rev int64, after uint64) (rec Record, found bool, err error) {
+// watch watches ekey and, once etcd confirms the watch, reads it; it returns
+// the first record newer than after, from the read or from the watch. It
+// returns found == false with no error when the caller should start over.
+func (s *EtcdStore) watch(ctx context.Context, key, ekey string, after uint64) (rec Record, found bool, err error) {
 	// The watch's context is the store's, not the caller's, and ends when
 	// this returns; see cancelWhenCreated for why.
 	wctx, cancel := context.WithCancel(s.ctx)
-	wch := s.cli.Watch(wctx, ekey, clientv3.WithRev(rev), clientv3.WithCreatedNotify())
+	wch := s.cli.Watch(wctx, ekey, clientv3.WithCreatedNotify())
 	settled := false // etcd confirmed the watch, or it ended
 	defer func() {
 		if settled {
@@ -406,6 +405,11 @@ func (s *EtcdStore) watch(ctx context.Context, key, ekey string, rev int64, afte
 			}
 			if wr.Created {
 				settled = true
+				rec, found, up, err := s.read(ctx, key, ekey, after)
+				if found || err != nil || !up {
+					return rec, found, err
+				}
+				continue
 			}
 			for _, ev := range wr.Events {
 				if ev.Type == clientv3.EventTypePut && uint64(ev.Kv.ModRevision) > after {
@@ -414,7 +418,8 @@ func (s *EtcdStore) watch(ctx context.Context, key, ekey string, rev int64, afte
 				}
 			}
 			if wr.CompactRevision != 0 {
-				// Events from rev on are gone: read the key again.
+				// The client resumed a broken stream from a revision that
+				// is compacted away: read again.
 				return Record{}, false, nil
 			}
 			if err := wr.Err(); err != nil {
@@ -425,6 +430,29 @@ func (s *EtcdStore) watch(ctx context.Context, key, ekey string, rev int64, afte
 			}
 		}
 	}
+}
+
+// read is a read of a wait: a record newer than after, if there is one. It
+// is linearizable, so that it sees every write before the watch began. up
+// is false when etcd did not answer: a transient failure must not end the
+// wait, so the caller backs off and starts over.
+func (s *EtcdStore) read(ctx context.Context, key, ekey string, after uint64) (rec Record, found, up bool, err error) {
+	cctx, cancel := s.call(ctx)
+	defer cancel()
+	resp, err := s.cli.Get(cctx, ekey)
+	if err != nil {
+		err = s.fail(ctx, cctx, "wait for", key, err)
+		if etcdTransient(err) {
+			return Record{}, false, false, nil
+		}
+		return Record{}, false, false, err
+	}
+	if len(resp.Kvs) > 0 && uint64(resp.Kvs[0].ModRevision) > after {
+		kv := resp.Kvs[0]
+		rec, err := decodeRecord(key, kv.Value, kv.ModRevision)
+		return rec, err == nil, true, err
+	}
+	return Record{}, false, true, nil
 }
 
 // cancelWhenCreated cancels a watch once etcd has confirmed it. The client

@@ -1,12 +1,35 @@
 #!/usr/bin/env bash
-# Measures dyadfs against the filesystem of its backing directory, in one
-# run, and prints the table that README.md shows. Run as root (passthrough
-# and dropping caches need it). Extra arguments go to the driver, e.g.
-#   scripts/bench.sh -dir /var/tmp -seq-bytes 1073741824 -files 10000
+# Measures dyadfs and prints the tables README.md shows, each figure next to
+# its baseline measured in the same run. Run as root (passthrough, dropping
+# caches and network namespaces need it).
+#
+#   scripts/bench.sh                 # both tables
+#   scripts/bench.sh single [ARGS]   # one node: dyadfs against its backing filesystem;
+#                                    # ARGS go to the driver, e.g. -seq-bytes 1073741824
+#   scripts/bench.sh cluster         # two nodes over veth: network, disk, dyadfs end to end
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
 scripts/setup.sh >/dev/null
+what=${1:-all}
+shift || true
+
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -r), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
-echo "disk of -dir: $(df -T "${DYADFS_BENCH_DIR:-/var/tmp}" | awk 'NR==2 {print $1, $2}')"
-exec go run ./scripts/bench -dyadfs bin/dyadfs "$@"
+echo "disk: $(df -T /var/tmp | awk 'NR==2 {print $1, $2}')"
+
+if [[ $what == all || $what == single ]]; then
+	echo
+	echo "== one node: dyadfs against its backing filesystem"
+	go run ./scripts/bench -dyadfs bin/dyadfs -dir /var/tmp "$@"
+fi
+
+if [[ $what == all || $what == cluster ]]; then
+	echo
+	echo "== two nodes over veth"
+	# A fresh directory: ext4 allocates inodes slowly in a region where many
+	# were freed in the last minute (after a test run, say).
+	tmp=$(mktemp -d /var/tmp/dyadfs-bench-XXXXXX)
+	trap 'rm -rf "$tmp"' EXIT
+	TMPDIR=$tmp go test -run '^$' -bench '^BenchmarkCluster$' -benchtime 1x -timeout 30m ./test/ |
+		sed -n '/^ *figure/,/^latency is/p'
+fi

@@ -26,7 +26,7 @@ import (
 // in a namespace of its own on the same bridge. Everything is torn down when
 // the test ends, whether it passed or not.
 type cluster struct {
-	t      *testing.T
+	t      testing.TB
 	id     string // short random id in namespace and interface names
 	dir    string
 	mnt    string // the mountpoint every node uses
@@ -36,6 +36,8 @@ type cluster struct {
 	etcd   *exec.Cmd
 	nodes  []*node
 	secret string // path of a shared --secret-file, if set
+	// etcdOnDisk keeps etcd's data in the test's directory on disk.
+	etcdOnDisk bool
 	// Namespace is the job namespace the nodes join.
 	namespace string
 }
@@ -61,7 +63,7 @@ type node struct {
 	pid     int
 }
 
-func clusterPrerequisite(t *testing.T) {
+func clusterPrerequisite(t testing.TB) {
 	t.Helper()
 	requireEnv(t)
 	for _, prog := range []string{"ip", "nsenter", "unshare", "etcd"} {
@@ -72,12 +74,26 @@ func clusterPrerequisite(t *testing.T) {
 }
 
 // newCluster starts etcd and n nodes named n0, n1, ... with extra mount flags.
-func newCluster(t *testing.T, n int, flags ...string) *cluster {
+func newCluster(t testing.TB, n int, flags ...string) *cluster {
+	t.Helper()
+	return newClusterWith(t, clusterOptions{nodes: n, flags: flags})
+}
+
+// clusterOptions shape a cluster.
+type clusterOptions struct {
+	nodes int
+	flags []string
+	// etcdOnDisk keeps etcd's data on disk instead of tmpfs.
+	etcdOnDisk bool
+}
+
+func newClusterWith(t testing.TB, o clusterOptions) *cluster {
 	t.Helper()
 	clusterPrerequisite(t)
+	n, flags := o.nodes, o.flags
 	id := make([]byte, 2)
 	rand.Read(id)
-	c := &cluster{t: t, id: "dy" + hex.EncodeToString(id), dir: t.TempDir(), namespace: "job-" + hex.EncodeToString(id)}
+	c := &cluster{t: t, id: "dy" + hex.EncodeToString(id), dir: t.TempDir(), namespace: "job-" + hex.EncodeToString(id), etcdOnDisk: o.etcdOnDisk}
 	c.mnt = filepath.Join(c.dir, "dmd")
 	c.nsDir = filepath.Join(c.dir, "ns")
 	c.sw = c.id + "sw"
@@ -125,7 +141,7 @@ func (c *cluster) addHost(ns, veth, ip string) {
 }
 
 func (c *cluster) etcdDataDir() string {
-	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() && !c.etcdOnDisk {
 		return filepath.Join("/dev/shm", "dyadfs-test-"+c.id+"-etcd")
 	}
 	return filepath.Join(c.dir, "etcd")

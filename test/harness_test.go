@@ -81,7 +81,7 @@ func missingPrerequisite() string {
 	return ""
 }
 
-func requireEnv(t *testing.T) {
+func requireEnv(t testing.TB) {
 	t.Helper()
 	if skipReason != "" {
 		t.Skip("skipping: " + skipReason)
@@ -167,7 +167,7 @@ func (m *mount) waitStatus(what string, cond func(fs.Status) bool) {
 
 // eventually polls cond until it holds. Polling is the only way to observe
 // another process's progress that has no event; it is bounded.
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(bound)
 	for !cond() {
@@ -250,13 +250,13 @@ func runOut(name string, args ...string) (string, error) {
 }
 
 // dyadfs runs the dyadfs binary and returns its combined output.
-func dyadfs(t *testing.T, args ...string) (string, error) {
+func dyadfs(t testing.TB, args ...string) (string, error) {
 	t.Helper()
 	return dyadfsEnv(t, nil, args...)
 }
 
 // dyadfsEnv runs the dyadfs binary with extra environment variables.
-func dyadfsEnv(t *testing.T, env []string, args ...string) (string, error) {
+func dyadfsEnv(t testing.TB, env []string, args ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
@@ -315,14 +315,14 @@ func (r result) String() string {
 }
 
 // run runs a program to completion, bounded.
-func run(t *testing.T, dir string, name string, args ...string) result {
+func run(t testing.TB, dir string, name string, args ...string) result {
 	t.Helper()
 	return <-start(t, dir, name, args...)
 }
 
 // start starts a program and returns a channel that delivers its result.
 // The program is killed when the test ends.
-func start(t *testing.T, dir string, name string, args ...string) <-chan result {
+func start(t testing.TB, dir string, name string, args ...string) <-chan result {
 	t.Helper()
 	done, _ := startCmd(t, dir, nil, name, args...)
 	return done
@@ -330,7 +330,7 @@ func start(t *testing.T, dir string, name string, args ...string) <-chan result 
 
 // startCmd starts a program with extra environment; it returns its result
 // channel and its stdin, which the caller may write to and must close.
-func startCmd(t *testing.T, dir string, env []string, name string, args ...string) (<-chan result, io.WriteCloser) {
+func startCmd(t testing.TB, dir string, env []string, name string, args ...string) (<-chan result, io.WriteCloser) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	cmd := exec.CommandContext(ctx, name, args...)
@@ -361,13 +361,13 @@ func startCmd(t *testing.T, dir string, env []string, name string, args ...strin
 }
 
 // sh runs a shell script.
-func sh(t *testing.T, dir, script string) result {
+func sh(t testing.TB, dir, script string) result {
 	t.Helper()
 	return run(t, dir, "sh", "-ec", script)
 }
 
 // mustSh runs a shell script and fails the test if it fails.
-func mustSh(t *testing.T, dir, script string) string {
+func mustSh(t testing.TB, dir, script string) string {
 	t.Helper()
 	r := sh(t, dir, script)
 	if r.err != nil {
@@ -377,14 +377,14 @@ func mustSh(t *testing.T, dir, script string) string {
 }
 
 // python runs a python3 program.
-func python(t *testing.T, dir, prog string, args ...string) result {
+func python(t testing.TB, dir, prog string, args ...string) result {
 	t.Helper()
 	return run(t, dir, "python3", append([]string{"-c", prog}, args...)...)
 }
 
 // within fails the test if ch does not deliver within limit: the operation
 // it stands for is blocked.
-func within[T any](t *testing.T, what string, limit time.Duration, ch <-chan T) T {
+func within[T any](t testing.TB, what string, limit time.Duration, ch <-chan T) T {
 	t.Helper()
 	select {
 	case v := <-ch:

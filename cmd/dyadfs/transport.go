@@ -92,6 +92,7 @@ func startSharing(ctx context.Context, c *mountConfig, loc *hfl.Locator, d *dmd.
 func (s *sharing) close() {
 	if s != nil {
 		s.transport.Close()
+		s.fetcher.Close()
 	}
 }
 

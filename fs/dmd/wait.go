@@ -132,9 +132,11 @@ func (d *DMD) locateOnce(ctx context.Context, rel string) (path string, after ui
 		return "", 0, fmt.Errorf("%s published by node %s: %w", rel, rec.Owner, ErrNoTransport)
 	}
 	d.stats.fetches.Add(1)
+	start := time.Now()
 	err = d.fetcher.Fetch(ctx, rec, d.BackingPath(rel))
 	switch {
 	case err == nil:
+		d.log.Debug("fetched", "path", rel, "owner", rec.Owner, "took", time.Since(start))
 		d.notify(rel)
 		return "", 0, nil // look again: the file is here now
 	case errors.Is(err, dtl.ErrStale):
@@ -164,6 +166,7 @@ func (d *DMD) waitChange(ctx context.Context, rel string, w *pathWatch, after ui
 		return nil
 	case err := <-global:
 		if err == nil {
+			d.log.Debug("record arrived", "path", rel)
 			return nil
 		}
 		if ctx.Err() != nil {

@@ -313,12 +313,15 @@ func recordOf(rel, owner string, st *syscall.Stat_t) hfl.Record {
 // publish records rec in the store. A failed publish (the store is
 // unreachable) is queued and retried until it lands or the file changes.
 func (d *DMD) publish(ctx context.Context, rec hfl.Record) error {
-	if _, err := d.loc.Publish(ctx, rec); err != nil {
+	start := time.Now()
+	out, err := d.loc.Publish(ctx, rec)
+	if err != nil {
 		d.stats.publishErrors.Add(1)
 		d.log.Error("publish failed; will retry", "path", rec.Path, "err", err)
 		d.retryLater(rec.Path)
 		return err
 	}
 	d.stats.publishes.Add(1)
+	d.log.Debug("published", "path", rec.Path, "gen", out.Generation, "took", time.Since(start))
 	return nil
 }
