@@ -23,8 +23,13 @@ type Request struct {
 	// Path is clean and relative to the managed directory.
 	Path string
 	// Generation is the record generation the consumer located (0: any).
-	// An owner serves its current version; the reply says which.
+	// An owner serves its current version, at least this one; the reply
+	// says which.
 	Generation uint64
+	// Owner is the node the consumer means to ask (empty: whoever answers
+	// at the address). A daemon of another node at that address, one that
+	// took the port of an owner that restarted elsewhere, is not asked.
+	Owner string
 }
 
 // FileInfo describes the file an owner sends. The copy a consumer makes
@@ -39,10 +44,14 @@ type FileInfo struct {
 
 // Source is the serving side's view of its managed directory.
 type Source interface {
-	// OpenPublished opens the published, complete regular file at path
+	// OpenPublished opens the published, complete regular file req.Path
 	// for reading, confined to the backing directory, and describes it.
 	// It fails with ErrNotFound, ErrNotPublished, ErrBusy or ErrOutside.
-	OpenPublished(ctx context.Context, path string) (*os.File, FileInfo, error)
+	OpenPublished(ctx context.Context, req Request) (*os.File, FileInfo, error)
+	// Unchanged reports, once the file was sent, whether it is still the
+	// file described: a writer that opened it meanwhile may have changed
+	// what was sent, and the consumer must not keep that.
+	Unchanged(f *os.File, info FileInfo) error
 }
 
 // Transport is one backend.

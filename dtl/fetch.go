@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -22,25 +23,36 @@ type Owners interface {
 	Member(ctx context.Context, node string) (hfl.Member, error)
 }
 
+// Destination is where fetched files go: the consumer's managed directory.
+type Destination interface {
+	// Present reports whether path is complete here already.
+	Present(ctx context.Context, path string) bool
+	// Install moves tmp, a complete and verified copy of rec's file, to
+	// rec.Path. It never replaces anything: if something is there already
+	// it fails with an error matching fs.ErrExist.
+	Install(tmp *os.File, rec hfl.Record) error
+}
+
 // FetcherConfig configures a Fetcher.
 type FetcherConfig struct {
 	Transport Transport
-	Owners    Owners
+	// TransportName is the backend's name; an owner registered with
+	// another transport cannot be fetched from.
+	TransportName string
+	Owners        Owners
+	Dest          Destination
 	// TempDir receives files while they arrive. It must be on the same
-	// filesystem as the destinations, so that renaming into place is
-	// atomic.
+	// filesystem as the destination, so that installing them is a rename.
 	TempDir string
-	// Timeout bounds one fetch, retries included.
+	// Timeout bounds how long a transfer is retried after it first
+	// failed. (A transfer that makes progress is not bounded: the
+	// transport fails one that stalls.)
 	Timeout time.Duration
-	// Prepare is called on a complete, verified file before it is renamed
-	// into place (dyadfs marks it as a replica).
-	Prepare func(f *os.File, rec hfl.Record) error
 	Log     *slog.Logger
 }
 
 // ErrStale is returned when the owner no longer serves the version located:
 // it removed the file or is rewriting it, and a newer publish will follow.
-// The managed directory defines the same condition; the caller maps it.
 var ErrStale = errors.New("the owner no longer has this version")
 
 // ErrOwnerGone means the file's owner is not running: no transfer can
@@ -49,14 +61,19 @@ var ErrOwnerGone = errors.New("owner node is not running")
 
 // Fetcher brings published files from their owners into this node's
 // backing store: one transfer per path however many opens wait for it, into
-// a temporary file that is verified and renamed into place, so that a
-// failed or interrupted transfer leaves nothing visible. Transfers that fail
-// for reasons that may pass (connection refused, reset, stalled) are retried
-// while the owner is registered, within the timeout; a dead owner fails at
-// once.
+// a temporary file that is verified and then installed, so that a failed or
+// interrupted transfer leaves nothing visible. A transfer runs on its own,
+// not in any one waiter's stead: each waiter stops waiting when its open is
+// interrupted or times out, and the file still arrives for the next open.
+// Transfers that fail for reasons that may pass (connection refused, reset,
+// stalled) are retried while the owner is registered, within the timeout; a
+// dead owner fails at once.
 type Fetcher struct {
-	cfg FetcherConfig
-	log *slog.Logger
+	cfg    FetcherConfig
+	log    *slog.Logger
+	ctx    context.Context // ends at Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 
 	mu       sync.Mutex
 	inflight map[string]*fetchCall
@@ -67,15 +84,6 @@ type Fetcher struct {
 
 	stats FetchStats
 }
-
-type cachedOwner struct {
-	m  hfl.Member
-	at time.Time
-}
-
-// ownerCacheTTL bounds how long a registration is used without asking the
-// store again.
-const ownerCacheTTL = 30 * time.Second
 
 // FetchStats counts transfers.
 type FetchStats struct {
@@ -91,64 +99,85 @@ type fetchCall struct {
 	err  error
 }
 
+type cachedOwner struct {
+	m  hfl.Member
+	at time.Time
+}
+
+// ownerCacheTTL bounds how long a registration is used without asking the
+// store again.
+const ownerCacheTTL = 30 * time.Second
+
 // NewFetcher returns a Fetcher.
 func NewFetcher(cfg FetcherConfig) (*Fetcher, error) {
-	if cfg.Transport == nil || cfg.Owners == nil || cfg.TempDir == "" || cfg.Timeout <= 0 {
-		return nil, errors.New("fetcher: transport, owners, temp dir and a positive timeout are required")
+	if cfg.Transport == nil || cfg.Owners == nil || cfg.Dest == nil || cfg.TempDir == "" || cfg.Timeout <= 0 {
+		return nil, errors.New("fetcher: transport, owners, destination, temp dir and a positive timeout are required")
 	}
 	log := cfg.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Fetcher{cfg: cfg, log: log, inflight: make(map[string]*fetchCall), owners: make(map[string]cachedOwner),
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Fetcher{cfg: cfg, log: log, ctx: ctx, cancel: cancel,
+		inflight: make(map[string]*fetchCall), owners: make(map[string]cachedOwner),
 		temps: newTempPool(cfg.TempDir, 16)}, nil
 }
-
-// Close removes the files kept ready for transfers. Fetches must be over.
-func (f *Fetcher) Close() error { return f.temps.close() }
 
 // Stats returns the counters.
 func (f *Fetcher) Stats() *FetchStats { return &f.stats }
 
-// Fetch makes rec.Path complete at dst. Concurrent calls for the same path
-// share one transfer; each returns when it ends or its own ctx does.
-func (f *Fetcher) Fetch(ctx context.Context, rec hfl.Record, dst string) error {
+// Close ends the transfers in progress and removes the files kept ready.
+func (f *Fetcher) Close() error {
+	f.cancel()
+	f.wg.Wait()
+	return f.temps.close()
+}
+
+// Fetch makes rec.Path complete at its place in the destination. Concurrent
+// calls for the same path share one transfer; each returns when it ends or
+// its own ctx does.
+func (f *Fetcher) Fetch(ctx context.Context, rec hfl.Record) error {
 	f.mu.Lock()
 	call, joined := f.inflight[rec.Path]
 	if !joined {
 		call = &fetchCall{done: make(chan struct{})}
 		f.inflight[rec.Path] = call
+		f.wg.Add(1)
+		go f.run(call, rec)
 	}
 	f.mu.Unlock()
-
 	if joined {
 		f.stats.Joined.Add(1)
-		select {
-		case <-call.done:
-			return call.err
-		case <-ctx.Done():
-			return ctx.Err()
-		}
 	}
-	// The transfer serves every waiter, so it does not end with the
-	// first one's interruption; it has its own deadline.
-	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.Timeout)
-	call.err = f.transfer(tctx, rec, dst)
-	cancel()
+	select {
+	case <-call.done:
+		return call.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// run is one transfer, for everyone waiting for rec.Path.
+func (f *Fetcher) run(call *fetchCall, rec hfl.Record) {
+	defer f.wg.Done()
+	// A transfer that just finished may have brought it already.
+	if !f.cfg.Dest.Present(f.ctx, rec.Path) {
+		call.err = f.transfer(f.ctx, rec)
+	}
+	if call.err != nil {
+		f.stats.Failures.Add(1)
+	}
 	f.mu.Lock()
 	delete(f.inflight, rec.Path)
 	f.mu.Unlock()
 	close(call.done)
-	if call.err != nil {
-		f.stats.Failures.Add(1)
-	}
-	return call.err
 }
 
-// transfer fetches with retries until it succeeds, fails for good, or ctx
-// ends.
-func (f *Fetcher) transfer(ctx context.Context, rec hfl.Record, dst string) error {
+// transfer fetches with retries until it succeeds, fails for good, has
+// failed for longer than the timeout, or ctx ends.
+func (f *Fetcher) transfer(ctx context.Context, rec hfl.Record) error {
 	pause := 20 * time.Millisecond
+	var failingSince time.Time
 	var last error
 	for attempt := 0; ; attempt++ {
 		m, err := f.owner(ctx, rec.Owner, attempt > 0)
@@ -158,8 +187,11 @@ func (f *Fetcher) transfer(ctx context.Context, rec hfl.Record, dst string) erro
 			}
 			return fmt.Errorf("%w: %v", ErrOwnerGone, err)
 		}
+		if err == nil && m.Transport != "" && m.Transport != f.cfg.TransportName {
+			return fmt.Errorf("owner %s uses the %s transport, this node %s", rec.Owner, m.Transport, f.cfg.TransportName)
+		}
 		if err == nil {
-			err = f.once(ctx, m.Addr, rec, dst)
+			err = f.once(ctx, m.Addr, rec)
 			if err == nil {
 				return nil
 			}
@@ -169,10 +201,15 @@ func (f *Fetcher) transfer(ctx context.Context, rec hfl.Record, dst string) erro
 				return fmt.Errorf("%w: %v", ErrStale, err)
 			case errors.As(err, &re), errors.Is(err, ErrProtocol):
 				return err // refused for good (outside, unauthorized) or broken peer
+			case errors.Is(err, net.ErrClosed) && ctx.Err() == nil && f.ctx.Err() != nil:
+				return err // shutting down
 			}
 		}
 		last = err
-		if ctx.Err() != nil {
+		if failingSince.IsZero() {
+			failingSince = time.Now()
+		}
+		if ctx.Err() != nil || time.Since(failingSince) > f.cfg.Timeout {
 			return fmt.Errorf("fetch %s from %s gave up after %d attempts: %w", rec.Path, rec.Owner, attempt+1, last)
 		}
 		f.stats.Retries.Add(1)
@@ -206,56 +243,52 @@ func (f *Fetcher) owner(ctx context.Context, node string, fresh bool) (hfl.Membe
 }
 
 // once runs one transfer into a temporary file and, if it is complete,
-// renames it to dst.
-func (f *Fetcher) once(ctx context.Context, addr string, rec hfl.Record, dst string) error {
+// installs it.
+func (f *Fetcher) once(ctx context.Context, addr string, rec hfl.Record) error {
 	tmp, err := f.temps.take()
 	if err != nil {
 		return fmt.Errorf("temporary file: %w", err)
 	}
-	committed := false
+	installed := false
 	defer func() {
-		if !committed {
+		if !installed {
 			tmp.Close()
 			os.Remove(tmp.Name())
 		}
 	}()
-	info, err := f.cfg.Transport.Fetch(ctx, addr, Request{Path: rec.Path, Generation: rec.Generation}, tmp)
+	info, err := f.cfg.Transport.Fetch(ctx, addr, Request{Path: rec.Path, Generation: rec.Generation, Owner: rec.Owner}, tmp)
 	if err != nil {
 		return err
 	}
 	if err := verify(tmp, info); err != nil {
 		return err
 	}
-	// Owner first: chown clears set-id bits, chmod sets them again.
+	// Owner first: chown clears set-id bits. A copy keeps none: a node
+	// does not run set-id programs for another.
 	if os.Geteuid() == 0 {
 		if err := tmp.Chown(int(info.Uid), int(info.Gid)); err != nil {
 			return err
 		}
 	}
-	if err := syscall.Fchmod(int(tmp.Fd()), info.Mode&0o7777); err != nil {
+	if err := syscall.Fchmod(int(tmp.Fd()), info.Mode&0o1777); err != nil {
 		return err
 	}
-	mtime := time.Unix(0, info.MtimeNs)
-	if err := os.Chtimes(tmp.Name(), time.Time{}, mtime); err != nil {
+	if err := os.Chtimes(tmp.Name(), time.Time{}, time.Unix(0, info.MtimeNs)); err != nil {
 		return err
 	}
 	published := rec
 	published.Size, published.Mode, published.MtimeNs, published.Generation = info.Size, info.Mode, info.MtimeNs, info.Generation
-	if f.cfg.Prepare != nil {
-		if err := f.cfg.Prepare(tmp, published); err != nil {
-			return err
-		}
-	}
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+	err = f.cfg.Dest.Install(tmp, published)
+	switch {
+	case errors.Is(err, fs.ErrExist):
+		// Something got there first (another transfer, a local
+		// producer): the waiters look at what is there.
+		return nil
+	case err != nil:
 		return err
 	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), dst); err != nil {
-		return err
-	}
-	committed = true
+	installed = true
+	tmp.Close()
 	f.stats.Transfers.Add(1)
 	f.stats.Bytes.Add(uint64(info.Size))
 	return nil
@@ -274,9 +307,9 @@ func verify(tmp *os.File, info FileInfo) error {
 }
 
 // tempPool keeps a few empty temporary files ready. Creating a file costs
-// the filesystem an inode allocation, which on a busy ext4 (one that freed
-// many inodes in the last minute) can take a millisecond: the pool moves
-// that off the path of a waiting open.
+// the filesystem an inode allocation, which on an ext4 without a journal
+// that freed many inodes in the last half minute can take a millisecond:
+// the pool moves that off the path of a waiting open.
 type tempPool struct {
 	dir    string
 	ready  chan *os.File

@@ -39,9 +39,11 @@ func (fsys *FS) watchDetach() {
 			fsys.dmd.Shutdown()
 			return
 		}
-		// The mount table signals POLLPRI|POLLERR on every change.
+		// The mount table signals POLLPRI|POLLERR on every change. The
+		// signal has been seen to go missing for a lazy unmount (Linux
+		// 6.18), so the table is read again every second as well.
 		fds := []unix.PollFd{{Fd: int32(f.Fd()), Events: unix.POLLPRI | unix.POLLERR}}
-		if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
+		if _, err := unix.Poll(fds, 1000); err != nil && err != unix.EINTR {
 			fsys.log.Warn("cannot watch for lazy unmount", "err", err)
 			return
 		}

@@ -39,12 +39,15 @@ import (
 // global, grow with every write and are never reused, not even after a key is
 // deleted and written again, and they survive server restarts.
 //
-// Waits read the key, then watch it from the revision of that read plus one,
-// so no publish between the read and the watch is missed and nothing polls.
-// The client library reconnects a watch by itself when the server restarts
-// or a connection drops, and resumes it where it was; if the revision to
-// resume from has been compacted away meanwhile, the wait reads the key again
-// and watches anew.
+// Waits read the key (which answers at once if the record is there, and
+// tells whether etcd is up), then set up a watch from the current revision
+// and, once etcd confirms it, read the key again: whatever was published
+// before the watch began the second read sees, whatever after it the watch
+// delivers, so nothing is missed and nothing polls. (A watch from an older
+// revision would be served by etcd's catch-up loop, every 100 ms.) The
+// client library reconnects a watch by itself when the server restarts or a
+// connection drops, and resumes it where it was; if the revision to resume
+// from has been compacted away meanwhile, the wait starts over.
 //
 // Registered values live on a lease of their own, renewed until Close, which
 // revokes it so that the value disappears at once. A daemon that dies stops

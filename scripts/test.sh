@@ -21,20 +21,39 @@ echo "== go test -race"
 go test -race -count=1 -timeout 60m ./...
 
 # A test binary killed by its timeout cannot run its cleanups: report what
-# it left, then remove it, so that the machine is clean either way.
+# it left, then remove it, so that the machine is clean either way. The
+# tests name what they make: mounts and daemons under the test binaries'
+# temporary directories, network namespaces "dy<hex>...", etcd data in
+# /dev/shm/dyadfs-test-*.
 echo "== leftovers"
 leftover=0
+tmp=${TMPDIR:-/tmp}
+# Mounts under the tests' directories (dyadfs, and the bind mounts that
+# hold the nodes' mount namespaces), deepest first.
 while read -r mnt; do
-	echo "a dyadfs mount was left behind: $mnt" >&2
-	fusermount3 -u -z "$mnt" || true
+	echo "a mount was left behind: $mnt" >&2
+	fusermount3 -u -z "$mnt" 2>/dev/null || umount -l "$mnt" || true
 	leftover=1
-done < <(awk '$0 ~ / - fuse\.dyadfs / {print $5}' /proc/self/mountinfo)
-if pgrep -x dyadfs >/dev/null; then
-	echo "dyadfs processes were left behind:" >&2
-	pgrep -a -x dyadfs >&2
-	pkill -KILL -x dyadfs || true
+done < <(awk -v t="$tmp/Test" 'index($5, t) == 1 {print length($5), $5}' /proc/self/mountinfo | sort -rn | cut -d' ' -f2-)
+for pattern in "dyadfs mount .*--backing $tmp/Test" "etcd .*--data-dir /dev/shm/dyadfs-test-"; do
+	if pgrep -f -- "$pattern" >/dev/null; then
+		echo "processes were left behind:" >&2
+		pgrep -a -f -- "$pattern" >&2
+		pkill -KILL -f -- "$pattern" || true
+		leftover=1
+	fi
+done
+for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^dy[0-9a-f][0-9a-f][0-9a-f][0-9a-f]/ {print $1}'); do
+	echo "a network namespace was left behind: $ns" >&2
+	ip netns del "$ns" || true
 	leftover=1
-fi
+done
+for d in /dev/shm/dyadfs-test-*; do
+	[[ -e $d ]] || continue
+	echo "etcd data was left behind: $d" >&2
+	rm -rf "$d"
+	leftover=1
+done
 if ((leftover)); then
 	exit 1
 fi

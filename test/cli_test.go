@@ -46,6 +46,8 @@ func TestBadInput(t *testing.T) {
 	os.WriteFile(file, nil, 0o644)
 	inner := filepath.Join(mnt, "inner")
 	os.Mkdir(inner, 0o755)
+	shortSecret := filepath.Join(dir, "short-secret")
+	os.WriteFile(shortSecret, []byte("short\n"), 0o600)
 	mntInBacking := filepath.Join(backing, "mnt")
 	os.Mkdir(mntInBacking, 0o755)
 
@@ -77,7 +79,8 @@ func TestBadInput(t *testing.T) {
 		{"kernel refuses the mount", nil, mountFailed, "mount", []string{"-o", "no_such_fuse_option", "--backing", backing, mnt}},
 		{"store unreachable", nil, storeErr, "127.0.0.1:1", []string{"--store", "etcd://127.0.0.1:1", "--backing", backing, mnt}},
 		{"bad transport", nil, usage, "not available in this build", []string{"--dtl", "ucx", "--backing", backing, mnt}},
-		{"short secret", nil, usage, "at least 16 bytes", []string{"--secret-file", file, "--backing", backing, mnt}},
+		{"short secret", nil, usage, "at least 16 bytes", []string{"--secret-file", shortSecret, "--backing", backing, mnt}},
+		{"readable secret", nil, usage, "chmod 600", []string{"--secret-file", file, "--backing", backing, mnt}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { badMount(t, tc.env, tc.code, tc.want, tc.args...) })

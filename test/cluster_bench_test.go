@@ -207,7 +207,10 @@ func e2e(b testing.TB, producer, consumer *node, dir string, n int, size int64, 
 	if err := prod.Start(); err != nil {
 		b.Fatal(err)
 	}
-	defer func() { prod.Process.Kill(); prod.Wait() }()
+	// Whatever happens, nothing outlives the bound.
+	limit := time.AfterFunc(10*time.Minute, func() { prod.Process.Kill(); cons.Process.Kill() })
+	defer limit.Stop()
+	defer prod.Process.Kill()
 
 	res := e2eResult{closed: make([]time.Time, n), done: make([]time.Time, n)}
 	prodDone := make(chan error, 1)

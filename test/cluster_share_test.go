@@ -33,7 +33,7 @@ func TestClusterConsumerWaitsFirst(t *testing.T) {
 	}
 	got := map[string]<-chan result{}
 	for _, f := range files {
-		got[f.name] = b.startSh("sha256sum sizes/" + f.name)
+		got[f.name] = b.startShFor(3*bound, "sha256sum sizes/"+f.name)
 	}
 	b.waitStatus("consumers waiting", func(st fs.Status) bool { return st.DMD.Waiting == len(files) })
 	a.mustSh("mkdir -p sizes")
@@ -41,7 +41,8 @@ func TestClusterConsumerWaitsFirst(t *testing.T) {
 		a.mustSh(f.produce)
 	}
 	for _, f := range files {
-		r := within(t, "consumer of "+f.name, bound, got[f.name])
+		// Checksumming 5 GiB twice on two loaded cores takes a while.
+		r := within(t, "consumer of "+f.name, 3*bound, got[f.name])
 		if r.err != nil {
 			t.Fatalf("consumer of %s: %v", f.name, r)
 		}

@@ -241,7 +241,7 @@ func (n *node) mountArgs() []string {
 	args := []string{"mount", "--store", "etcd://" + etcdAddr, "--namespace", n.c.namespace,
 		"--node", n.name, "--listen", n.ip + ":" + dtlPort, "--backing", n.backing,
 		"--log-file", n.logFile, "--log-level", "debug",
-		"--lease-ttl", "2s", "--fetch-timeout", "8s", "--stall-timeout", "2s"}
+		"--lease-ttl", "2s", "--fetch-timeout", "30s", "--stall-timeout", "2s"}
 	if n.c.secret != "" {
 		args = append(args, "--secret-file", n.c.secret)
 	}
@@ -289,8 +289,15 @@ func (n *node) mustSh(script string) string {
 // startSh starts a script in the node and returns its result channel.
 func (n *node) startSh(script string) <-chan result {
 	n.c.t.Helper()
+	return n.startShFor(bound, script)
+}
+
+// startShFor is startSh with the script killed after limit.
+func (n *node) startShFor(limit time.Duration, script string) <-chan result {
+	n.c.t.Helper()
 	argv := n.argv("sh", "-ec", "cd "+n.c.mnt+"\n"+script)
-	return start(n.c.t, "/", argv[0], argv[1:]...)
+	done, _ := startCmdFor(n.c.t, limit, "/", nil, argv[0], argv[1:]...)
+	return done
 }
 
 // status reads the node's status file.

@@ -245,7 +245,11 @@ func isMounted(dir string) bool {
 func runOut(name string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
 
@@ -332,10 +336,22 @@ func start(t testing.TB, dir string, name string, args ...string) <-chan result 
 // channel and its stdin, which the caller may write to and must close.
 func startCmd(t testing.TB, dir string, env []string, name string, args ...string) (<-chan result, io.WriteCloser) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	return startCmdFor(t, bound, dir, env, name, args...)
+}
+
+// startCmdFor is startCmd with the program killed after limit.
+func startCmdFor(t testing.TB, limit time.Duration, dir string, env []string, name string, args ...string) (<-chan result, io.WriteCloser) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
+	// The program and what it starts form a process group, killed as one
+	// when the bound passes or the test ends: a grandchild holding the
+	// output pipes must not keep the test waiting.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		cancel()

@@ -243,7 +243,11 @@ func (c *mountConfig) finishTransport(flags *pflag.FlagSet) error {
 		if err != nil {
 			return fail(exitUsage, fmt.Sprintf("--secret-file: %v", err))
 		}
-		c.Transport.Secret = []byte(strings.TrimSpace(string(b)))
+		if st, err := os.Stat(c.SecretFile); err == nil && st.Mode().Perm()&0o077 != 0 {
+			return fail(exitUsage, fmt.Sprintf("--secret-file %s can be read by other users: chmod 600 %s", c.SecretFile, c.SecretFile))
+		}
+		// The line an editor or echo adds is not part of the secret.
+		c.Transport.Secret = []byte(strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r"))
 		if len(c.Transport.Secret) < 16 {
 			return fail(exitUsage, fmt.Sprintf("--secret-file %s: the secret must be at least 16 bytes (for example: head -c 32 /dev/urandom | base64 > %s)", c.SecretFile, c.SecretFile))
 		}

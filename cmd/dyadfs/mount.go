@@ -273,7 +273,7 @@ func serve(c *mountConfig, ready func(error)) (err error) {
 	if err != nil {
 		return fail(exitBacking, fmt.Sprintf("scan %s: %v", c.DMD.Backing, err))
 	}
-	log.Info("backing directory scanned", "published", res.Published, "incomplete", res.Incomplete)
+	log.Info("backing directory scanned", "published", res.Published, "incomplete", res.Incomplete, "dropped_copies", res.Dropped)
 	share, err := startSharing(ctx, c, loc, d, log)
 	if err != nil {
 		return err

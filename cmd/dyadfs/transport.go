@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"time"
 
@@ -70,14 +69,13 @@ func startSharing(ctx context.Context, c *mountConfig, loc *hfl.Locator, d *dmd.
 		return nil, fail(exitStore, err.Error())
 	}
 	f, err := dtl.NewFetcher(dtl.FetcherConfig{
-		Transport: t,
-		Owners:    loc,
-		TempDir:   d.TempDir(),
-		Timeout:   c.FetchTimeout,
-		Prepare: func(f *os.File, rec hfl.Record) error {
-			return d.MarkReplica(f, rec.Owner, rec.Generation)
-		},
-		Log: log,
+		Transport:     t,
+		TransportName: c.DTL,
+		Owners:        loc,
+		Dest:          d,
+		TempDir:       d.TempDir(),
+		Timeout:       c.FetchTimeout,
+		Log:           log,
 	})
 	if err != nil {
 		t.Close()

@@ -52,6 +52,8 @@ func Run(t *testing.T, newPair func(t *testing.T) (server, client dtl.Transport)
 		{"Sizes", sizes},
 		{"SparseOver4GiB", sparseOver4GiB},
 		{"Refusals", refusals},
+		{"RewrittenWhileSent", rewrittenWhileSent},
+		{"WrongOwner", wrongOwner},
 		{"BadPathsNeverReachSource", badPaths},
 		{"Sequential", sequential},
 		{"Concurrent", concurrent},
@@ -355,6 +357,34 @@ func refusals(t *testing.T, newPair NewPair) {
 		}
 		// Refusals leave the transport able to fetch.
 		e.fetch(t, ctx, "ok")
+	}
+}
+
+// rewrittenWhileSent: a file that changed while it was sent is refused at
+// the end of the transfer (dtl.ErrBusy); the transport still works.
+func rewrittenWhileSent(t *testing.T, newPair NewPair) {
+	e := start(t, newPair)
+	ctx := ctxFor(t)
+	e.src.WriteFile("moving", bytes.Repeat([]byte("m"), 3<<20))
+	e.src.WriteFile("ok", []byte("fine"))
+	e.src.Set("moving", Rewritten)
+	_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "moving"}, dst(t))
+	if !errors.Is(err, dtl.ErrBusy) {
+		t.Fatalf("fetch of a file rewritten while sent: %v, want dtl.ErrBusy", err)
+	}
+	e.fetch(t, ctx, "ok")
+}
+
+// wrongOwner: a request for node X answered by a daemon of another node
+// fails as unreachable, before any file is asked for.
+func wrongOwner(t *testing.T, newPair NewPair) {
+	e := start(t, newPair)
+	ctx := ctxFor(t)
+	e.src.WriteFile("f", []byte("x"))
+	calls := e.src.Calls()
+	_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "f", Owner: "someone-else"}, dst(t))
+	if !errors.Is(err, dtl.ErrUnavailable) || e.src.Calls() != calls {
+		t.Fatalf("fetch from the wrong node: %v (source called %d times), want dtl.ErrUnavailable and no call", err, e.src.Calls()-calls)
 	}
 }
 

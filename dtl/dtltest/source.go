@@ -30,6 +30,9 @@ const (
 	Busy
 	// Outside: refused with dtl.ErrOutside.
 	Outside
+	// Rewritten: opened and sent, but Unchanged then says a writer
+	// changed it meanwhile (dtl.ErrBusy).
+	Rewritten
 )
 
 // Source is a dtl.Source backed by a directory, for tests: every regular
@@ -118,8 +121,20 @@ func (s *Source) Stream(p string, size int64) <-chan *os.File {
 	return st.writers
 }
 
+// Unchanged implements dtl.Source.
+func (s *Source) Unchanged(f *os.File, info dtl.FileInfo) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rel, err := filepath.Rel(s.root, f.Name())
+	if err == nil && s.states[filepath.ToSlash(rel)] == Rewritten {
+		return fmt.Errorf("%s was rewritten while it was sent: %w", rel, dtl.ErrBusy)
+	}
+	return nil
+}
+
 // OpenPublished implements dtl.Source.
-func (s *Source) OpenPublished(ctx context.Context, p string) (*os.File, dtl.FileInfo, error) {
+func (s *Source) OpenPublished(ctx context.Context, req dtl.Request) (*os.File, dtl.FileInfo, error) {
+	p := req.Path
 	s.calls.Add(1)
 	if err := ctx.Err(); err != nil {
 		return nil, dtl.FileInfo{}, err

@@ -19,6 +19,7 @@ import (
 type clientConn struct {
 	conn  *net.TCPConn
 	addr  string
+	node  string // the node the server proved to be
 	br    *bufio.Reader
 	buf   []byte // frame payloads
 	out   []byte // frames being encoded
@@ -58,6 +59,12 @@ func (t *Transport) Fetch(ctx context.Context, addr string, req dtl.Request, dst
 		cc, reused, err := t.conn(ctx, addr, attempt == 0)
 		if err != nil {
 			return dtl.FileInfo{}, err
+		}
+		if req.Owner != "" && cc.node != req.Owner {
+			// The owner moved (it restarted elsewhere) and another daemon
+			// took its address.
+			t.release(cc)
+			return dtl.FileInfo{}, fmt.Errorf("tcp transport: %w: %s answers as node %q, not %q", dtl.ErrUnavailable, addr, cc.node, req.Owner)
 		}
 		info, keep, stale, err := t.exchange(ctx, cc, req, dst)
 		if keep {
@@ -159,6 +166,11 @@ func (t *Transport) receive(cc *clientConn, req dtl.Request, dst *os.File) (info
 				return info, false, false, fmt.Errorf("receiving %d bytes at %d: %w", ch.Len, ch.Off, err)
 			}
 			next, total = ch.Off+ch.Len, total+ch.Len
+		case tError:
+			// The file changed while it was sent: what arrived is not
+			// the file described. The stream is in step again.
+			keep, err := refusal(p)
+			return info, keep, false, err
 		case tEnd:
 			sent, err := decodeEnd(p)
 			if err != nil {
@@ -394,6 +406,7 @@ func (t *Transport) handshake(cc *clientConn) error {
 		t.log.Warn("refused server: it does not hold this job's secret", "addr", addr, "node", ch.Node)
 		return fmt.Errorf("tcp transport: %s: %w", addr, &dtl.RemoteError{Err: dtl.ErrUnauthorized, Msg: fmt.Sprintf("server %q could not prove it holds this job's secret", ch.Node)})
 	}
+	cc.node = ch.Node
 	cc.out = appendAuth(cc.out[:0], authMsg{MAC: mac(t.cfg.Secret, labelClient, h.Nonce, ch.Nonce)})
 	if _, err := cc.conn.Write(cc.out); err != nil {
 		return unavailable(err)

@@ -255,7 +255,7 @@ func (sc *serverConn) answer(src dtl.Source, req getReq) bool {
 	if err := checkPath(req.Path); err != nil {
 		return sc.refuseRequest(req, codeOutside, err)
 	}
-	f, info, err := src.OpenPublished(t.ctx, req.Path)
+	f, info, err := src.OpenPublished(t.ctx, dtl.Request{Path: req.Path, Generation: req.Generation})
 	if err != nil {
 		if t.ctx.Err() != nil {
 			return false
@@ -271,7 +271,10 @@ func (sc *serverConn) answer(src dtl.Source, req getReq) bool {
 		return sc.refuseRequest(req, codeInternal, err)
 	}
 	start := time.Now()
-	if err := sc.sendFile(f, info, regular); err != nil {
+	// The end frame goes out only if the file is still what was described
+	// once its data is sent (see sendFile); otherwise a refusal replaces it.
+	unchanged := func() error { return src.Unchanged(f, info) }
+	if err := sc.sendFile(f, info, regular, unchanged); err != nil {
 		if !t.isClosed() {
 			t.log.Warn("transfer failed", "peer", sc.remote, "node", sc.node, "path", req.Path, "size", info.Size, "err", err)
 		}
@@ -332,8 +335,10 @@ func (sc *serverConn) checkFile(f *os.File, info dtl.FileInfo) (regular bool, er
 	return true, nil
 }
 
-// sendFile sends header, chunks and end for f.
-func (sc *serverConn) sendFile(f *os.File, info dtl.FileInfo, regular bool) error {
+// sendFile sends header, chunks and end for f. If, once the data is out,
+// unchanged says the file changed meanwhile, a refusal (busy) replaces the
+// end frame and the consumer discards what it received.
+func (sc *serverConn) sendFile(f *os.File, info dtl.FileInfo, regular bool, unchanged func() error) error {
 	sc.conn.SetWriteDeadline(time.Now().Add(sc.t.cfg.StallTimeout))
 	sc.bw.Write(appendHeader(sc.out[:0], info))
 	var total int64
@@ -365,6 +370,11 @@ func (sc *serverConn) sendFile(f *os.File, info dtl.FileInfo, regular bool) erro
 		return err
 	}
 	sc.conn.SetWriteDeadline(time.Now().Add(sc.t.cfg.StallTimeout))
+	if err := unchanged(); err != nil {
+		sc.t.log.Info("file changed while it was sent; refused", "peer", sc.remote, "node", sc.node, "path", f.Name(), "err", err)
+		sc.bw.Write(appendError(sc.out[:0], errFrame{Code: codeOf(err), Msg: err.Error()}))
+		return sc.bw.Flush()
+	}
 	sc.bw.Write(appendEnd(sc.out[:0], total))
 	return sc.bw.Flush()
 }

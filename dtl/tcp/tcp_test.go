@@ -465,7 +465,10 @@ type lyingSource struct {
 	size int64
 }
 
-func (l lyingSource) OpenPublished(ctx context.Context, p string) (*os.File, dtl.FileInfo, error) {
+func (l lyingSource) Unchanged(*os.File, dtl.FileInfo) error { return nil }
+
+func (l lyingSource) OpenPublished(ctx context.Context, req dtl.Request) (*os.File, dtl.FileInfo, error) {
+	p := req.Path
 	f, err := os.Open(filepath.Join(l.dir, p))
 	if err != nil {
 		return nil, dtl.FileInfo{}, dtl.ErrNotFound

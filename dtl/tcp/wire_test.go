@@ -422,7 +422,6 @@ func TestBadServers(t *testing.T) {
 		"ReadyAgain":       send(appendReady(nil)),
 		"ShortHeader":      send([]byte{byte(tHeader), 0, 0, 0, 3, 1, 2, 3}),
 		"TrailingBytes":    send(hdr(0), []byte{byte(tEnd), 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0}),
-		"ErrorInReply":     send(hdr(10), appendError(nil, errFrame{Code: codeBusy, Msg: "late"})),
 		"UnknownCode":      send(appendError(nil, errFrame{Code: 999, Msg: "?"})),
 	}
 	for name, handle := range cases {
@@ -478,5 +477,23 @@ func TestVersionRefusedByServer(t *testing.T) {
 	_, err = client.Fetch(ctxFor(t), ln.Addr().String(), dtl.Request{Path: "f"}, tmpFile(t))
 	if !errors.Is(err, dtl.ErrProtocol) || !strings.Contains(err.Error(), "[7 8]") {
 		t.Errorf("got %v, want a protocol error naming versions 7 and 8", err)
+	}
+}
+
+// TestRefusalInsteadOfEnd: a server that finds, once the data is sent, that
+// the file changed refuses in place of the end frame; the client reports
+// the refusal and the connection stays in step.
+func TestRefusalInsteadOfEnd(t *testing.T) {
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	addr := fakeServer(t, secret, func(c net.Conn, br *bufio.Reader, req getReq) {
+		c.Write(appendHeader(nil, dtl.FileInfo{Size: 10}))
+		c.Write(append(appendChunk(nil, chunkHdr{Off: 0, Len: 10}), make([]byte, 10)...))
+		c.Write(appendError(nil, errFrame{Code: codeBusy, Msg: "rewritten while sent"}))
+	})
+	client, _ := newTransport(t, secret, opts{})
+	_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, tmpFile(t))
+	var re *dtl.RemoteError
+	if !errors.As(err, &re) || !errors.Is(err, dtl.ErrBusy) {
+		t.Fatalf("got %v, want a busy refusal", err)
 	}
 }

@@ -111,9 +111,12 @@ type DMD struct {
 	// retry loop runs.
 	retries  map[string]struct{}
 	retrying bool
-	// backingFd is the backing directory, opened once; served paths are
-	// resolved beneath it.
-	backingFd int
+	// backingFd is the backing directory and tempFd the temporary one,
+	// opened once; served and installed paths are resolved beneath them.
+	backingFd, tempFd int
+	// uncleanStart says the previous daemon did not stop cleanly: copies
+	// fetched then may not have reached the disk whole.
+	uncleanStart bool
 }
 
 type pathWatch struct {
@@ -149,19 +152,28 @@ func New(cfg Config, loc *hfl.Locator, log *slog.Logger) (*DMD, error) {
 		creating: make(map[string]int),
 		watches:  make(map[string]*pathWatch),
 	}
+	_, err := os.Stat(d.internalPath())
+	fresh := errors.Is(err, os.ErrNotExist)
 	if err := os.MkdirAll(d.internalPath(), 0o700); err != nil {
 		return nil, fmt.Errorf("create %s: %w", d.internalPath(), err)
 	}
+	_, err = os.Stat(d.cleanMarker())
+	d.uncleanStart = !fresh && err != nil
+	os.Remove(d.cleanMarker())
 	// Transfers interrupted by a crash leave temporary files: remove them.
+	// Each node has its own directory: with shared storage, several
+	// daemons share the backing directory.
 	os.RemoveAll(d.TempDir())
 	if err := os.Mkdir(d.TempDir(), 0o700); err != nil {
 		return nil, fmt.Errorf("create %s: %w", d.TempDir(), err)
 	}
-	fd, err := syscall.Open(cfg.Backing, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
+	if d.backingFd, err = unix.Open(cfg.Backing, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 		return nil, fmt.Errorf("open backing directory: %w", err)
 	}
-	d.backingFd = fd
+	if d.tempFd, err = unix.Open(d.TempDir(), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		unix.Close(d.backingFd)
+		return nil, fmt.Errorf("open %s: %w", d.TempDir(), err)
+	}
 	d.markers = probeMarkers(d.internalPath())
 	if !d.markers {
 		log.Warn("backing store does not support user xattrs: files half-written when dyadfs dies cannot be told from complete ones", "backing", cfg.Backing)
@@ -183,7 +195,11 @@ func (d *DMD) internalPath() string { return filepath.Join(d.cfg.Backing, Intern
 
 // TempDir is where transfers write files before renaming them into place:
 // in the backing store, so that the rename is atomic, and hidden.
-func (d *DMD) TempDir() string { return filepath.Join(d.internalPath(), "tmp") }
+func (d *DMD) TempDir() string { return filepath.Join(d.internalPath(), "tmp-"+d.cfg.Node) }
+
+// cleanMarker exists while no daemon of this node runs on the backing
+// directory and the last one stopped cleanly.
+func (d *DMD) cleanMarker() string { return filepath.Join(d.internalPath(), "clean-"+d.cfg.Node) }
 
 // BackingPath returns the backing path of a clean relative path.
 func (d *DMD) BackingPath(rel string) string { return filepath.Join(d.cfg.Backing, rel) }
@@ -193,11 +209,17 @@ func (d *DMD) Shutdown() {
 	d.shutdownOnce.Do(func() { close(d.shutdown) })
 }
 
-// Close ends every wait and releases the backing directory. Nothing may use
-// the DMD afterwards (stop the transport's server first).
+// Close ends every wait, releases the backing directory and records a clean
+// stop. Nothing may use the DMD afterwards (stop the transport first).
 func (d *DMD) Close() error {
 	d.Shutdown()
-	return syscall.Close(d.backingFd)
+	if n := d.PendingPublishes(); n > 0 {
+		d.log.Warn("stopping with publishes not done; the next start publishes these files again", "files", n)
+	}
+	syscall.Sync()
+	os.WriteFile(d.cleanMarker(), nil, 0o600)
+	unix.Close(d.tempFd)
+	return unix.Close(d.backingFd)
 }
 
 // waitContext applies the configured wait timeout.

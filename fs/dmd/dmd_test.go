@@ -39,7 +39,7 @@ func newFixture(t *testing.T, mod func(*Config)) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(d.Shutdown)
+	t.Cleanup(func() { d.Close() })
 	return &fixture{t: t, d: d, store: store, dir: cfg.Backing}
 }
 

@@ -76,17 +76,20 @@ func (d *DMD) eachFile(rel string, fn func(sub string)) {
 // file is complete it is published again, and waiters for rel look again.
 func (d *DMD) Changed(ctx context.Context, rel string) {
 	d.noteName(rel)
-	rec, ok := d.LocalRecord(ctx, rel)
+	st, ok := d.completeHere(rel)
 	d.notify(rel)
-	if !ok {
+	if !ok || (d.markers && isReplica(d.BackingPath(rel))) {
+		// Being written (its last writer publishes it), or a copy of
+		// another node's file (its owner publishes it).
 		return
 	}
-	d.publish(ctx, rec)
+	d.publish(ctx, recordOf(rel, d.cfg.Node, st))
 }
 
 func (d *DMD) unpublish(ctx context.Context, rel string) {
 	if err := d.loc.Unpublish(ctx, rel, d.cfg.Node); err != nil {
-		d.log.Warn("unpublish failed", "path", rel, "err", err)
+		d.log.Warn("unpublish failed; will retry", "path", rel, "err", err)
+		d.retryLater(rel)
 		return
 	}
 	d.stats.unpublishes.Add(1)

@@ -5,9 +5,10 @@ import (
 	"time"
 )
 
-// Publishes that failed (the store was down) are retried in the background,
-// with a growing pause, until they succeed. A retry publishes the file as it
-// is then (Changed), so a file changed or removed meanwhile is handled.
+// Publishes and unpublishes that failed (the store was down) are retried in
+// the background, with a growing pause, until they succeed. A retry makes
+// the store agree with the file as it is then: published if it is complete
+// here, withdrawn if it is gone.
 const (
 	retryFirst = 100 * time.Millisecond
 	retryMax   = 5 * time.Second
@@ -42,13 +43,8 @@ func (d *DMD) retryLoop() {
 		var again []string
 		for rel := range batch {
 			ctx, cancel := context.WithTimeout(context.Background(), retryMax)
-			if rec, ok := d.LocalRecord(ctx, rel); ok {
-				if _, err := d.loc.Publish(ctx, rec); err != nil {
-					again = append(again, rel)
-				} else {
-					d.stats.publishes.Add(1)
-					d.log.Info("published after retry", "path", rel)
-				}
+			if err := d.reconcile(ctx, rel); err != nil {
+				again = append(again, rel)
 			}
 			cancel()
 		}
@@ -72,6 +68,26 @@ func (d *DMD) retryLoop() {
 			pause = retryFirst
 		}
 	}
+}
+
+// reconcile makes the store agree with rel as it is on this node.
+func (d *DMD) reconcile(ctx context.Context, rel string) error {
+	st, complete := d.completeHere(rel)
+	switch {
+	case complete && !(d.markers && isReplica(d.BackingPath(rel))):
+		if _, err := d.loc.Publish(ctx, recordOf(rel, d.cfg.Node, st)); err != nil {
+			return err
+		}
+		d.stats.publishes.Add(1)
+		d.log.Info("published after retry", "path", rel)
+	case !d.existsHere(rel):
+		if err := d.loc.Unpublish(ctx, rel, d.cfg.Node); err != nil {
+			return err
+		}
+		d.stats.unpublishes.Add(1)
+		d.log.Info("unpublished after retry", "path", rel)
+	}
+	return nil
 }
 
 // PendingPublishes is how many files wait for a publish retry.

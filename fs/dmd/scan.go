@@ -3,6 +3,7 @@ package dmd
 import (
 	"context"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"sync"
 	"syscall"
@@ -16,6 +17,8 @@ const scanWorkers = 16
 type ScanResult struct {
 	Published  int `json:"published"`
 	Incomplete int `json:"incomplete"`
+	// Dropped are copies fetched before an unclean stop, removed.
+	Dropped int `json:"dropped"`
 }
 
 // Scan walks the backing store once, before the filesystem serves requests.
@@ -27,6 +30,11 @@ type ScanResult struct {
 // the store keeps their records, so nothing is republished.
 func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 	var res ScanResult
+	if d.cfg.SharedStorage {
+		// Other nodes write here too: what a file's record says is what
+		// counts, and the store keeps records.
+		return res, nil
+	}
 	var mu sync.Mutex
 	work := make(chan string)
 	var wg sync.WaitGroup
@@ -35,10 +43,11 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 		go func() {
 			defer wg.Done()
 			for rel := range work {
-				rec, ok := d.LocalRecord(ctx, rel)
-				if !ok {
+				st, ok := d.completeHere(rel)
+				if !ok || (!d.markers && d.copyOfOthers(ctx, rel, st)) {
 					continue
 				}
+				rec := recordOf(rel, d.cfg.Node, st)
 				if d.publish(ctx, rec) == nil {
 					mu.Lock()
 					res.Published++
@@ -66,6 +75,12 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 		rel = filepath.ToSlash(rel)
 		if d.markers && isReplica(p) {
 			// A copy fetched from its owner: the owner publishes it.
+			// After an unclean stop it may not have reached the disk
+			// whole: drop it, the next open fetches it again.
+			if d.uncleanStart {
+				os.Remove(p)
+				res.Dropped++
+			}
 			return nil
 		}
 		if d.markers && hasMarker(p) {
@@ -87,6 +102,13 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 	d.stats.scanPublished.Add(uint64(res.Published))
 	d.stats.scanIncomplete.Add(uint64(res.Incomplete))
 	return res, err
+}
+
+// copyOfOthers tells, without replica marks, a copy of another node's file:
+// the store's record of rel names another owner and describes the file.
+func (d *DMD) copyOfOthers(ctx context.Context, rel string, st *syscall.Stat_t) bool {
+	rec, err := d.loc.Published(ctx, rel)
+	return err == nil && rec.Owner != d.cfg.Node && rec.Size == st.Size && rec.MtimeNs == st.Mtim.Nano()
 }
 
 // holdIncomplete makes readers of id wait until it is written again.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -21,7 +22,8 @@ var _ dtl.Source = (*DMD)(nil)
 // backing directory: the path is resolved beneath it by the kernel
 // (openat2 RESOLVE_BENEATH), so "..", absolute paths and symbolic links
 // that leave the directory are refused, as is dyadfs's own state.
-func (d *DMD) OpenPublished(ctx context.Context, path string) (*os.File, dtl.FileInfo, error) {
+func (d *DMD) OpenPublished(ctx context.Context, req dtl.Request) (*os.File, dtl.FileInfo, error) {
+	path := req.Path
 	rel, err := hfl.CleanPath(path)
 	if err != nil || rel != path || rel == InternalDir || strings.HasPrefix(rel, InternalDir+"/") {
 		return nil, dtl.FileInfo{}, fmt.Errorf("%q: %w", path, dtl.ErrOutside)
@@ -35,7 +37,7 @@ func (d *DMD) OpenPublished(ctx context.Context, path string) (*os.File, dtl.Fil
 	case err != nil:
 		return nil, dtl.FileInfo{}, fmt.Errorf("open %s: %w", rel, err)
 	}
-	info, err := d.servable(ctx, rel, f)
+	info, err := d.servable(ctx, rel, f, req.Generation)
 	if err != nil {
 		f.Close()
 		return nil, dtl.FileInfo{}, err
@@ -65,8 +67,8 @@ func (d *DMD) OpenBeneath(rel string, flags int) (*os.File, error) {
 }
 
 // servable checks that f, opened at rel, is a complete regular file that
-// this node published, and describes it.
-func (d *DMD) servable(ctx context.Context, rel string, f *os.File) (dtl.FileInfo, error) {
+// this node published, at least at generation gen, and describes it.
+func (d *DMD) servable(ctx context.Context, rel string, f *os.File, gen uint64) (dtl.FileInfo, error) {
 	var st syscall.Stat_t
 	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
 		return dtl.FileInfo{}, err
@@ -81,6 +83,16 @@ func (d *DMD) servable(ctx context.Context, rel string, f *os.File) (dtl.FileInf
 		return dtl.FileInfo{}, fmt.Errorf("%s: %w", rel, dtl.ErrBusy)
 	}
 	rec, _, err := d.loc.Record(ctx, rel)
+	if gen > 0 && (errors.Is(err, hfl.ErrNotFound) || (err == nil && rec.Generation < gen)) {
+		// The consumer saw a newer publish than this node's cache, or a
+		// store member that lags, knows of: ask the store for it.
+		wctx, cancel := context.WithTimeout(ctx, authoritativeWait)
+		rec, err = d.loc.Wait(wctx, rel, gen-1)
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = hfl.ErrNotFound
+		}
+	}
 	if errors.Is(err, hfl.ErrNotFound) || (err == nil && rec.Owner != d.cfg.Node) {
 		return dtl.FileInfo{}, fmt.Errorf("%s: %w", rel, dtl.ErrNotPublished)
 	}
@@ -94,4 +106,23 @@ func (d *DMD) servable(ctx context.Context, rel string, f *os.File) (dtl.FileInf
 	}
 	d.stats.serves.Add(1)
 	return dtl.FileInfo{Size: st.Size, Mode: st.Mode, Uid: st.Uid, Gid: st.Gid, MtimeNs: st.Mtim.Nano(), Generation: rec.Generation}, nil
+}
+
+// authoritativeWait bounds asking the store for a generation a consumer saw.
+const authoritativeWait = 2 * time.Second
+
+// Unchanged implements dtl.Source: f, just sent, is still what info says,
+// and no writer has it open.
+func (d *DMD) Unchanged(f *os.File, info dtl.FileInfo) error {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	busy := d.busy[IDOf(&st)] != nil
+	d.mu.Unlock()
+	if busy || st.Size != info.Size || st.Mtim.Nano() != info.MtimeNs {
+		return fmt.Errorf("%s changed while it was sent: %w", f.Name(), dtl.ErrBusy)
+	}
+	return nil
 }

@@ -12,32 +12,39 @@ import (
 )
 
 // Fetcher brings a file published by another node into this node's backing
-// store; dtl.Fetcher is the implementation.
+// store; dtl.Fetcher is the implementation (with the DMD as its
+// Destination).
 type Fetcher interface {
-	// Fetch makes rec.Path complete in the backing store at dst, or fails
-	// leaving nothing at dst. It fails with dtl.ErrStale when the owner
-	// no longer has the version rec describes.
-	Fetch(ctx context.Context, rec hfl.Record, dst string) error
+	// Fetch makes rec.Path complete in the backing store, or fails
+	// leaving nothing there. It fails with dtl.ErrStale when the owner no
+	// longer has the version rec describes.
+	Fetch(ctx context.Context, rec hfl.Record) error
 }
 
 // SetFetcher installs the fetcher; without one, files published elsewhere
 // cannot be read here (ErrNoTransport).
 func (d *DMD) SetFetcher(f Fetcher) { d.fetcher = f }
 
-// LocalRecord implements hfl.LocalIndex: it returns the record of rel if the
-// file is complete in the backing store (not being written, not being
-// created, not left half-written). With shared storage, where other nodes
-// write into the same directory unseen, a file is complete only when a
-// published record describes it as it is.
-func (d *DMD) LocalRecord(ctx context.Context, rel string) (hfl.Record, bool) {
+// completeHere reports whether the regular file rel is complete on this
+// node: not being written or created here, not left half-written.
+func (d *DMD) completeHere(rel string) (*syscall.Stat_t, bool) {
 	var st syscall.Stat_t
 	if err := syscall.Lstat(d.BackingPath(rel), &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
-		return hfl.Record{}, false
+		return nil, false
 	}
 	d.mu.Lock()
 	busy := d.busy[IDOf(&st)] != nil || d.creating[rel] > 0
 	d.mu.Unlock()
-	if busy {
+	return &st, !busy
+}
+
+// LocalRecord implements hfl.LocalIndex: it returns the record of rel if the
+// file is complete here. With shared storage, where other nodes write into
+// the same directory unseen, a file is complete only once a published
+// record describes it as it is.
+func (d *DMD) LocalRecord(ctx context.Context, rel string) (hfl.Record, bool) {
+	st, ok := d.completeHere(rel)
+	if !ok {
 		return hfl.Record{}, false
 	}
 	if d.cfg.SharedStorage {
@@ -47,7 +54,7 @@ func (d *DMD) LocalRecord(ctx context.Context, rel string) (hfl.Record, bool) {
 		}
 		return pub, true
 	}
-	return recordOf(rel, d.cfg.Node, &st), true
+	return recordOf(rel, d.cfg.Node, st), true
 }
 
 // notRegularHere fails when something other than a regular file is at rel:
@@ -92,13 +99,23 @@ func (d *DMD) WaitPath(ctx context.Context, rel string) (string, error) {
 			d.unwatch(rel, w)
 			return p, err
 		}
-		err = d.waitChange(ctx, rel, w, after)
+		var recheck time.Duration
+		if d.cfg.SharedStorage && after > 0 {
+			// Published, but this node's view of the shared directory
+			// does not show it yet (attribute caches): look again soon.
+			recheck = sharedRecheck
+		}
+		err = d.waitChange(ctx, rel, w, after, recheck)
 		d.unwatch(rel, w)
 		if err != nil {
 			return "", err
 		}
 	}
 }
+
+// sharedRecheck is how often a published file that shared storage does not
+// show yet is looked at again.
+const sharedRecheck = 100 * time.Millisecond
 
 // locateOnce looks for rel through the locator. It returns the backing path
 // when the file is complete here (fetching it if it is complete elsewhere),
@@ -133,12 +150,15 @@ func (d *DMD) locateOnce(ctx context.Context, rel string) (path string, after ui
 	}
 	d.stats.fetches.Add(1)
 	start := time.Now()
-	err = d.fetcher.Fetch(ctx, rec, d.BackingPath(rel))
+	err = d.fetcher.Fetch(ctx, rec)
 	switch {
 	case err == nil:
 		d.log.Debug("fetched", "path", rel, "owner", rec.Owner, "took", time.Since(start))
 		d.notify(rel)
-		return "", 0, nil // look again: the file is here now
+		if _, ok := d.LocalRecord(ctx, rel); ok {
+			return d.BackingPath(rel), 0, nil
+		}
+		return "", 0, nil // something else got there first: look again
 	case errors.Is(err, dtl.ErrStale):
 		// The owner removed or is rewriting that version: wait for the
 		// next publish.
@@ -153,9 +173,15 @@ func (d *DMD) locateOnce(ctx context.Context, rel string) (path string, after ui
 
 // waitChange blocks until a local change of rel (w fires), a publish of rel
 // newer than after reaches the global store, or the wait ends.
-func (d *DMD) waitChange(ctx context.Context, rel string, w *pathWatch, after uint64) error {
+func (d *DMD) waitChange(ctx context.Context, rel string, w *pathWatch, after uint64, recheck time.Duration) error {
 	gctx, stop := context.WithCancel(ctx)
 	defer stop()
+	var again <-chan time.Time
+	if recheck > 0 {
+		t := time.NewTimer(recheck)
+		defer t.Stop()
+		again = t.C
+	}
 	global := make(chan error, 1)
 	go func() {
 		_, err := d.loc.Wait(gctx, rel, after)
@@ -163,6 +189,8 @@ func (d *DMD) waitChange(ctx context.Context, rel string, w *pathWatch, after ui
 	}()
 	select {
 	case <-w.ch:
+		return nil
+	case <-again:
 		return nil
 	case err := <-global:
 		if err == nil {

@@ -1,0 +1,103 @@
+package dmd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/hfl"
+)
+
+var _ dtl.Destination = (*DMD)(nil)
+
+// Present implements dtl.Destination.
+func (d *DMD) Present(ctx context.Context, rel string) bool {
+	_, ok := d.LocalRecord(ctx, rel)
+	return ok
+}
+
+// Install implements dtl.Destination: it marks tmp, a file fetched from
+// rec's owner, as a replica and renames it to rec.Path. The path is resolved
+// beneath the backing directory without following symbolic links (a user
+// could have put one where a directory was expected, to make the daemon
+// write elsewhere); missing directories are made, owned like the file. It
+// never replaces anything.
+func (d *DMD) Install(tmp *os.File, rec hfl.Record) error {
+	rel, err := hfl.CleanPath(rec.Path)
+	if err != nil || rel == InternalDir || strings.HasPrefix(rel, InternalDir+"/") {
+		return fmt.Errorf("install %q: %w", rec.Path, hfl.ErrBadPath)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(tmp.Fd()), &st); err != nil {
+		return err
+	}
+	if err := d.MarkReplica(tmp, rec.Owner, rec.Generation); err != nil {
+		return fmt.Errorf("mark %s as a copy: %w", rel, err)
+	}
+	dir, base := path.Split(rel)
+	dirfd, err := d.dirBeneath(strings.TrimSuffix(dir, "/"), st.Uid, st.Gid)
+	if err != nil {
+		return fmt.Errorf("install %s: %w", rel, err)
+	}
+	defer unix.Close(dirfd)
+	err = unix.Renameat2(d.tempFd, filepath.Base(tmp.Name()), dirfd, base, unix.RENAME_NOREPLACE)
+	if err != nil {
+		return &os.LinkError{Op: "install", Old: tmp.Name(), New: rel, Err: err}
+	}
+	return nil
+}
+
+// dirBeneath opens directory rel of the backing directory (O_PATH), making
+// the components that are missing, owned by uid:gid. A component that is a
+// symbolic link, or not a directory, is an error.
+func (d *DMD) dirBeneath(rel string, uid, gid uint32) (int, error) {
+	how := &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	}
+	if rel == "" {
+		return unix.Openat2(d.backingFd, ".", how)
+	}
+	if fd, err := unix.Openat2(d.backingFd, rel, how); err == nil {
+		return fd, nil
+	} else if !errors.Is(err, unix.ENOENT) {
+		return -1, fmt.Errorf("directory %s: %w", rel, err)
+	}
+	cur := -1 // -1: the backing directory itself
+	at := func() int {
+		if cur < 0 {
+			return d.backingFd
+		}
+		return cur
+	}
+	for _, name := range strings.Split(rel, "/") {
+		err := unix.Mkdirat(at(), name, 0o755)
+		if err == nil {
+			unix.Fchownat(at(), name, int(uid), int(gid), unix.AT_SYMLINK_NOFOLLOW)
+		} else if !errors.Is(err, unix.EEXIST) {
+			d.closeIf(cur)
+			return -1, fmt.Errorf("make directory %s in %s: %w", name, rel, err)
+		}
+		next, err := unix.Openat2(at(), name, how)
+		d.closeIf(cur)
+		if err != nil {
+			return -1, fmt.Errorf("directory %s in %s: %w", name, rel, err)
+		}
+		cur = next
+	}
+	return cur, nil
+}
+
+func (d *DMD) closeIf(fd int) {
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+}

@@ -1,0 +1,234 @@
+package dmd
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/hfl"
+)
+
+// fetched writes data into a temporary file as a transfer would.
+func (fx *fixture) fetched(t *testing.T, data string) *os.File {
+	t.Helper()
+	f, err := os.CreateTemp(fx.d.TempDir(), "fetch-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(data)
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func TestInstallRefusesSymlinkedParent(t *testing.T) {
+	fx := newFixture(t, nil)
+	outside := t.TempDir()
+	os.Symlink(outside, filepath.Join(fx.dir, "out"))
+	err := fx.d.Install(fx.fetched(t, "evil"), hfl.Record{Path: "out/ld.so.preload", Owner: "n2", Generation: 5})
+	if err == nil {
+		t.Fatal("installed a file through a symbolic link")
+	}
+	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+		t.Fatalf("files appeared outside the backing directory: %v", entries)
+	}
+	for _, p := range []string{".dyadfs/x", "../escape"} {
+		if err := fx.d.Install(fx.fetched(t, "x"), hfl.Record{Path: p, Owner: "n2"}); err == nil {
+			t.Errorf("installed %q", p)
+		}
+	}
+}
+
+func TestInstallMakesDirectoriesAndNeverReplaces(t *testing.T) {
+	fx := newFixture(t, nil)
+	tmp := fx.fetched(t, "copy")
+	tmp.Chown(65534, 65534)
+	if err := fx.d.Install(tmp, hfl.Record{Path: "a/b/c.dat", Owner: "n2", Generation: 7}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(filepath.Join(fx.dir, "a/b"))
+	if err != nil || !st.IsDir() {
+		t.Fatalf("a/b: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(fx.dir, "a/b/c.dat")); string(b) != "copy" {
+		t.Fatalf("installed %q", b)
+	}
+	if fx.d.markers && !isReplica(filepath.Join(fx.dir, "a/b/c.dat")) {
+		t.Fatal("the copy is not marked as one")
+	}
+	err = fx.d.Install(fx.fetched(t, "again"), hfl.Record{Path: "a/b/c.dat", Owner: "n2", Generation: 8})
+	if !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("second install: %v, want fs.ErrExist", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(fx.dir, "a/b/c.dat")); string(b) != "copy" {
+		t.Fatalf("the first copy was replaced by %q", b)
+	}
+}
+
+func TestCopiesAreNotRepublished(t *testing.T) {
+	fx := newFixture(t, nil)
+	if !fx.d.markers {
+		t.Skip("no user xattrs on this filesystem")
+	}
+	if err := fx.d.Install(fx.fetched(t, "copy"), hfl.Record{Path: "c.dat", Owner: "n2", Generation: 3}); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(filepath.Join(fx.dir, "c.dat"), 0o600)
+	fx.d.Changed(fx.ctx(), "c.dat")
+	if rec, err := fx.record("c.dat"); err == nil {
+		t.Fatalf("a chmod of a copy published it as this node's: %+v", rec)
+	}
+	// Written here, it becomes this node's own.
+	w, f := fx.openWrite("c.dat", os.O_WRONLY|os.O_APPEND)
+	f.WriteString("+")
+	fx.end(w, f, "c.dat")
+	if rec, err := fx.record("c.dat"); err != nil || rec.Owner != "n1" {
+		t.Fatalf("after a local write: %+v, %v", rec, err)
+	}
+	if isReplica(filepath.Join(fx.dir, "c.dat")) {
+		t.Fatal("a file written here still carries the copy's mark")
+	}
+}
+
+func TestServeNewerGenerationThanCached(t *testing.T) {
+	fx := newFixture(t, nil)
+	w, f := fx.create("s.dat")
+	f.WriteString("v1")
+	fx.end(w, f, "s.dat")
+	first, _ := fx.record("s.dat")
+	// Another publish of the same file reaches the store without passing
+	// through this node's cache (as a consumer can see it first).
+	st, _ := os.Stat(filepath.Join(fx.dir, "s.dat"))
+	newer, err := fx.store.Publish(fx.ctx(), fx.d.loc.Key("s.dat"), hfl.Record{Path: "s.dat", Owner: "n1", Size: st.Size(), Mode: 0o100644, MtimeNs: st.ModTime().UnixNano()})
+	if err != nil || newer.Generation <= first.Generation {
+		t.Fatal(err)
+	}
+	sf, info, err := fx.d.OpenPublished(fx.ctx(), dtl.Request{Path: "s.dat", Generation: newer.Generation})
+	if err != nil {
+		t.Fatalf("serving a generation newer than the cache: %v", err)
+	}
+	defer sf.Close()
+	if info.Generation != newer.Generation {
+		t.Fatalf("served generation %d, want %d", info.Generation, newer.Generation)
+	}
+	if err := fx.d.Unchanged(sf, info); err != nil {
+		t.Fatalf("Unchanged of an unchanged file: %v", err)
+	}
+	w, f = fx.openWrite("s.dat", os.O_WRONLY)
+	if err := fx.d.Unchanged(sf, info); !errors.Is(err, dtl.ErrBusy) {
+		t.Fatalf("Unchanged while a writer holds it: %v, want dtl.ErrBusy", err)
+	}
+	fx.end(w, f, "s.dat")
+}
+
+func TestSharedStoragePublishesRenames(t *testing.T) {
+	fx := newFixture(t, func(c *Config) { c.SharedStorage = true })
+	w, f := fx.create("tmp")
+	f.WriteString("whole")
+	fx.end(w, f, "tmp")
+	os.Rename(filepath.Join(fx.dir, "tmp"), filepath.Join(fx.dir, "final"))
+	fx.d.Renamed(fx.ctx(), "tmp", "final")
+	if _, err := fx.record("final"); err != nil {
+		t.Fatalf("shared storage: renamed file not published: %v", err)
+	}
+	if _, ok := fx.d.LocalRecord(fx.ctx(), "final"); !ok {
+		t.Fatal("shared storage: a published, matching file is not readable")
+	}
+	// A file another node writes, unpublished: not readable here.
+	os.WriteFile(filepath.Join(fx.dir, "theirs"), []byte("partial"), 0o644)
+	if _, ok := fx.d.LocalRecord(fx.ctx(), "theirs"); ok {
+		t.Fatal("shared storage: an unpublished file counts as complete")
+	}
+}
+
+// flakyStore fails publishes and removes while down is set.
+type flakyStore struct {
+	hfl.Store
+	down atomic.Bool
+}
+
+func (f *flakyStore) Publish(ctx context.Context, key string, rec hfl.Record) (hfl.Record, error) {
+	if f.down.Load() {
+		return hfl.Record{}, errors.New("store down")
+	}
+	return f.Store.Publish(ctx, key, rec)
+}
+
+func (f *flakyStore) Remove(ctx context.Context, key, owner string) error {
+	if f.down.Load() {
+		return errors.New("store down")
+	}
+	return f.Store.Remove(ctx, key, owner)
+}
+
+func TestFailedPublishesAreRetried(t *testing.T) {
+	dir := t.TempDir()
+	inner := hfl.NewEmbeddedStore()
+	t.Cleanup(func() { inner.Close() })
+	store := &flakyStore{Store: inner}
+	loc, _ := hfl.NewLocator(hfl.DefaultLocatorConfig(), store, nil)
+	cfg := DefaultConfig()
+	cfg.Backing, cfg.Node = dir, "n1"
+	d, err := New(cfg, loc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	fx := &fixture{t: t, d: d, store: inner, dir: dir}
+
+	w, f := fx.create("kept")
+	fx.end(w, f, "kept") // published while the store works
+	store.down.Store(true)
+	w, f = fx.create("late")
+	f.WriteString("x")
+	fx.end(w, f, "late")
+	os.Remove(filepath.Join(dir, "kept"))
+	d.Removed(fx.ctx(), "kept", FileID{}, true)
+	if d.PendingPublishes() != 2 {
+		t.Fatalf("%d pending, want 2", d.PendingPublishes())
+	}
+	store.down.Store(false)
+	deadline := time.Now().Add(20 * time.Second)
+	for d.PendingPublishes() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := fx.record("late"); err != nil {
+		t.Fatalf("failed publish not retried: %v", err)
+	}
+	if _, err := fx.record("kept"); !errors.Is(err, hfl.ErrNotFound) {
+		t.Fatalf("failed unpublish not retried: %v", err)
+	}
+}
+
+func TestUncleanStopDropsCopies(t *testing.T) {
+	dir := t.TempDir()
+	fx := newFixture(t, func(c *Config) { c.Backing = dir })
+	if !fx.d.markers {
+		t.Skip("no user xattrs on this filesystem")
+	}
+	fx.d.Install(fx.fetched(t, "copy"), hfl.Record{Path: "copy.dat", Owner: "n2", Generation: 2})
+	// The daemon dies: no Close, no clean marker.
+	fx.d.Shutdown()
+	store := hfl.NewEmbeddedStore()
+	t.Cleanup(func() { store.Close() })
+	loc, _ := hfl.NewLocator(hfl.DefaultLocatorConfig(), store, nil)
+	cfg := DefaultConfig()
+	cfg.Backing, cfg.Node = dir, "n1"
+	d2, err := New(cfg, loc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d2.Close() })
+	res, err := d2.Scan(context.Background())
+	if err != nil || res.Dropped != 1 {
+		t.Fatalf("scan after an unclean stop: %+v, %v; want one copy dropped", res, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "copy.dat")); !os.IsNotExist(err) {
+		t.Fatalf("the copy is still there: %v", err)
+	}
+}
