@@ -166,3 +166,23 @@ func TestClusterEtcdRestart(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterEtcdDownAtWaitAndPublish: with etcd down, a consumer starts
+// waiting and the producer publishes; once etcd is back the publish lands
+// (it is retried) and the consumer wakes.
+func TestClusterEtcdDownAtWaitAndPublish(t *testing.T) {
+	c := newCluster(t, 2)
+	a, b := c.nodes[0], c.nodes[1]
+	c.stopEtcd()
+	reader := b.startSh("cat down/f")
+	b.waitStatus("reader waiting", func(st fs.Status) bool { return st.DMD.OpensWaited >= 1 })
+	a.mustSh("mkdir down && echo while-down > down/f")
+	a.waitStatus("publish queued for retry", func(st fs.Status) bool { return st.DMD.PendingPublishes == 1 })
+	if r, waiting := notYet(reader); !waiting {
+		t.Fatalf("the reader finished while etcd was down: %v", r)
+	}
+	c.startEtcd()
+	if r := within(t, "reader", bound, reader); r.err != nil || r.stdout != "while-down\n" {
+		t.Fatalf("reader: %v", r)
+	}
+}

@@ -69,6 +69,16 @@ func (t *Transport) acceptLoop(ln net.Listener, src dtl.Source) {
 			c.Close()
 			continue
 		}
+		// Connections that have not authenticated yet cost a goroutine
+		// and buffers each: beyond a bound, new ones are turned away.
+		select {
+		case t.handshaking <- struct{}{}:
+		default:
+			t.stats.refused.Add(1)
+			t.log.Warn("too many connections authenticating; refused one", "peer", c.RemoteAddr().String(), "max", cap(t.handshaking))
+			c.Close()
+			continue
+		}
 		sc := &serverConn{
 			t: t, conn: tc, remote: c.RemoteAddr().String(),
 			br: bufio.NewReaderSize(tc, 4096), bw: bufio.NewWriterSize(tc, bufSize),
@@ -76,6 +86,7 @@ func (t *Transport) acceptLoop(ln net.Listener, src dtl.Source) {
 		t.mu.Lock()
 		if t.closed {
 			t.mu.Unlock()
+			<-t.handshaking
 			c.Close()
 			return
 		}
@@ -131,7 +142,9 @@ func (sc *serverConn) serve(src dtl.Source) {
 		t.mu.Unlock()
 		t.wg.Done()
 	}()
-	if !sc.handshake() {
+	authenticated := sc.handshake()
+	<-t.handshaking
+	if !authenticated {
 		return
 	}
 	for {

@@ -89,9 +89,11 @@ type Transport struct {
 	src     dtl.Source
 	addr    string
 	serving map[*serverConn]struct{}
-	active  map[*clientConn]struct{} // client connections in use by a Fetch
-	idle    map[string][]*clientConn // pooled client connections, oldest first
-	nIdle   int
+	// handshaking bounds the connections that have not authenticated yet.
+	handshaking chan struct{}
+	active      map[*clientConn]struct{} // client connections in use by a Fetch
+	idle        map[string][]*clientConn // pooled client connections, oldest first
+	nIdle       int
 
 	stats counters
 
@@ -101,6 +103,9 @@ type Transport struct {
 }
 
 var _ dtl.Transport = (*Transport)(nil)
+
+// maxHandshaking bounds the connections authenticating at once.
+const maxHandshaking = 256
 
 // New returns a Transport for cfg; it does nothing until Serve or Fetch.
 func New(cfg dtl.Config) (*Transport, error) {
@@ -114,14 +119,15 @@ func New(cfg dtl.Config) (*Transport, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Transport{
-		cfg:        cfg,
-		log:        log.With("transport", "tcp"),
-		ctx:        ctx,
-		cancel:     cancel,
-		serving:    make(map[*serverConn]struct{}),
-		active:     make(map[*clientConn]struct{}),
-		idle:       make(map[string][]*clientConn),
-		serverIdle: serverIdle,
+		cfg:         cfg,
+		log:         log.With("transport", "tcp"),
+		ctx:         ctx,
+		cancel:      cancel,
+		serving:     make(map[*serverConn]struct{}),
+		handshaking: make(chan struct{}, maxHandshaking),
+		active:      make(map[*clientConn]struct{}),
+		idle:        make(map[string][]*clientConn),
+		serverIdle:  serverIdle,
 	}, nil
 }
 

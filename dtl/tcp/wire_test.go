@@ -497,3 +497,37 @@ func TestRefusalInsteadOfEnd(t *testing.T) {
 		t.Fatalf("got %v, want a busy refusal", err)
 	}
 }
+
+// TestHandshakeBound: peers that connect and say nothing hold at most
+// maxHandshaking slots; one more is turned away at once, and once the
+// silent peers leave, a real client is served again.
+func TestHandshakeBound(t *testing.T) {
+	secret := newSecret()
+	server, src, lg := served(t, secret, opts{})
+	src.WriteFile("f", []byte("f"))
+	silent := make([]*rawConn, maxHandshaking)
+	for i := range silent {
+		silent[i] = rawDial(t, server.Addr())
+	}
+	// Accepts are handled in order, so this one finds every slot taken.
+	extra := rawDial(t, server.Addr())
+	extra.expectEOF()
+	if !strings.Contains(lg.String(), "too many connections authenticating") {
+		t.Errorf("refusal not logged:\n%s", lg)
+	}
+	for _, r := range silent {
+		r.conn.Close()
+	}
+	client, _ := newTransport(t, secret, opts{})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, tmpFile(t))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fetch after the silent peers left: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond) // slots are freed as the server notices each close
+	}
+}
