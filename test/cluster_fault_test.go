@@ -1,6 +1,7 @@
 package test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -40,19 +41,36 @@ func failsWithEIO(t *testing.T, what string, ch <-chan result) {
 	}
 }
 
-// TestClusterOwnerKilledBeforeTransfer: the owner's daemon dies after
-// publishing; a consumer gets EIO within a bounded time, nothing partial is
-// left, and once the owner is back the consumer reads the file.
-func TestClusterOwnerKilledBeforeTransfer(t *testing.T) {
+// faultedTransfer: a consumer on B reads a file A published, and A becomes
+// unreachable (cut) before the transfer starts or, with during, while it
+// runs (A's link is slowed so that it takes a while). The consumer gets EIO
+// within faultBound and nothing partial is left on B; once A is back
+// (restore), a read returns the file.
+func faultedTransfer(t *testing.T, during bool, cut, restore func(a *node)) {
 	c := newCluster(t, 2)
 	a, b := c.nodes[0], c.nodes[1]
-	a.mustSh("echo precious > f")
+	size := 4096
+	if during {
+		size = 32 << 20
+	}
+	a.mustSh(fmt.Sprintf("head -c %d /dev/urandom > f", size))
 	want := sha(a, "f")
-	a.kill()
-	failsWithEIO(t, "consumer of a dead owner's file", b.startSh("cat f"))
+	if during {
+		a.slowLink("16mbit")
+	}
+	reader := b.startSh("sha256sum f")
+	if during {
+		waitTransferStarted(t, b)
+	}
+	cut(a)
+	failsWithEIO(t, "consumer of an owner that became unreachable", reader)
 	noPartial(t, b, "f")
-	a.start()
-	if got := sha(b, "f"); got != want {
+	if during {
+		a.fullSpeed()
+	}
+	restore(a)
+	// After a cut link, the owner registers again once its lease ran out.
+	if got := eventuallySha(t, b, "f"); got != want {
 		t.Fatalf("after the owner returned: sha256 %s, want %s", got, want)
 	}
 }
@@ -71,78 +89,40 @@ func waitTransferStarted(t *testing.T, n *node) {
 	})
 }
 
-// TestClusterOwnerKilledDuringTransfer: the owner dies while the file is on
-// its way (its link is slowed so the transfer takes a while).
+// eventuallySha is the sha256 of p read on n, once a read succeeds.
+func eventuallySha(t *testing.T, n *node, p string) string {
+	t.Helper()
+	var got string
+	eventually(t, n.name+": read "+p, func() bool {
+		r := n.sh("sha256sum " + p)
+		if r.err != nil {
+			return false
+		}
+		got = strings.Fields(r.stdout)[0]
+		return true
+	})
+	return got
+}
+
+func killDaemon(a *node)    { a.kill() }
+func restartDaemon(a *node) { a.start() }
+func cutLink(a *node)       { a.linkDown() }
+func restoreLink(a *node)   { a.linkUp() }
+
+func TestClusterOwnerKilledBeforeTransfer(t *testing.T) {
+	faultedTransfer(t, false, killDaemon, restartDaemon)
+}
+
 func TestClusterOwnerKilledDuringTransfer(t *testing.T) {
-	c := newCluster(t, 2)
-	a, b := c.nodes[0], c.nodes[1]
-	a.mustSh("head -c 33554432 /dev/urandom > big")
-	want := sha(a, "big")
-	a.slowLink("16mbit")
-	reader := b.startSh("sha256sum big")
-	waitTransferStarted(t, b)
-	a.kill()
-	failsWithEIO(t, "consumer whose owner died mid-transfer", reader)
-	noPartial(t, b, "big")
-	a.fullSpeed()
-	a.start()
-	if got := sha(b, "big"); got != want {
-		t.Fatalf("after the owner returned: sha256 %s, want %s", got, want)
-	}
+	faultedTransfer(t, true, killDaemon, restartDaemon)
 }
 
-// TestClusterLinkCutBeforeTransfer: the owner's link goes down after it
-// published; the consumer gets EIO, and reads the file once the link is up.
 func TestClusterLinkCutBeforeTransfer(t *testing.T) {
-	c := newCluster(t, 2)
-	a, b := c.nodes[0], c.nodes[1]
-	a.mustSh("echo across > f")
-	want := sha(a, "f")
-	a.linkDown()
-	failsWithEIO(t, "consumer of an unreachable owner", b.startSh("cat f"))
-	noPartial(t, b, "f")
-	a.linkUp()
-	// The owner's lease ran out while it was cut off; it registers again.
-	var got string
-	eventually(t, "read after the link came back", func() bool {
-		r := b.sh("sha256sum f")
-		if r.err != nil {
-			return false
-		}
-		got = strings.Fields(r.stdout)[0]
-		return true
-	})
-	if got != want {
-		t.Fatalf("sha256 %s, want %s", got, want)
-	}
+	faultedTransfer(t, false, cutLink, restoreLink)
 }
 
-// TestClusterLinkCutDuringTransfer: the owner's link goes down mid-transfer.
 func TestClusterLinkCutDuringTransfer(t *testing.T) {
-	c := newCluster(t, 2)
-	a, b := c.nodes[0], c.nodes[1]
-	a.mustSh("head -c 33554432 /dev/urandom > big")
-	want := sha(a, "big")
-	a.slowLink("16mbit")
-	reader := b.startSh("sha256sum big")
-	waitTransferStarted(t, b)
-	a.linkDown()
-	failsWithEIO(t, "consumer whose owner's link was cut", reader)
-	noPartial(t, b, "big")
-	a.fullSpeed()
-	a.linkUp()
-	var got string
-	eventually(t, "read after the link came back", func() bool {
-		r := b.sh("sha256sum big")
-		if r.err != nil {
-			return false
-		}
-		got = strings.Fields(r.stdout)[0]
-		return true
-	})
-	if got != want {
-		t.Fatalf("sha256 %s, want %s", got, want)
-	}
+	faultedTransfer(t, true, cutLink, restoreLink)
 }
 
 // TestClusterEtcdRestart: consumers keep waiting while etcd restarts and

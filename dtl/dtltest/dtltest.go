@@ -101,8 +101,8 @@ func ctxFor(t *testing.T) context.Context {
 	return ctx
 }
 
-// dst is an empty file to fetch into.
-func dst(t *testing.T) *os.File {
+// Dst is an empty file to fetch into, closed when the test ends.
+func Dst(t testing.TB) *os.File {
 	t.Helper()
 	f, err := os.CreateTemp(t.TempDir(), "dst-*")
 	if err != nil {
@@ -235,7 +235,7 @@ func sparseOver4GiB(t *testing.T, newPair NewPair) {
 		t.Skipf("the filesystem under %s does not keep holes (%d blocks)", e.src.Root(), st.Blocks)
 	}
 
-	got := dst(t)
+	got := Dst(t)
 	start := time.Now()
 	info, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "big.sparse"}, got)
 	if err != nil {
@@ -349,7 +349,7 @@ func refusals(t *testing.T, newPair NewPair) {
 	}
 	for round := 0; round < 2; round++ {
 		for _, c := range cases {
-			_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: c.path, Generation: 3}, dst(t))
+			_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: c.path, Generation: 3}, Dst(t))
 			var re *dtl.RemoteError
 			if !errors.As(err, &re) || !errors.Is(err, c.want) || re.Msg == "" {
 				t.Errorf("fetch %s: got %v, want a *dtl.RemoteError for %q with a message", c.path, err, c.want)
@@ -368,7 +368,7 @@ func rewrittenWhileSent(t *testing.T, newPair NewPair) {
 	e.src.WriteFile("moving", bytes.Repeat([]byte("m"), 3<<20))
 	e.src.WriteFile("ok", []byte("fine"))
 	e.src.Set("moving", Rewritten)
-	_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "moving"}, dst(t))
+	_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "moving"}, Dst(t))
 	if !errors.Is(err, dtl.ErrBusy) {
 		t.Fatalf("fetch of a file rewritten while sent: %v, want dtl.ErrBusy", err)
 	}
@@ -382,7 +382,7 @@ func wrongOwner(t *testing.T, newPair NewPair) {
 	ctx := ctxFor(t)
 	e.src.WriteFile("f", []byte("x"))
 	calls := e.src.Calls()
-	_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "f", Owner: "someone-else"}, dst(t))
+	_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "f", Owner: "someone-else"}, Dst(t))
 	if !errors.Is(err, dtl.ErrUnavailable) || e.src.Calls() != calls {
 		t.Fatalf("fetch from the wrong node: %v (source called %d times), want dtl.ErrUnavailable and no call", err, e.src.Calls()-calls)
 	}
@@ -397,7 +397,7 @@ func badPaths(t *testing.T, newPair NewPair) {
 		t.Fatal(err)
 	}
 	for _, p := range []string{"../x", "..", "/etc/passwd", "a/../../x", "a/../ok", "./ok", "a//ok", "ok/", ".", "", "ok\x00", "a/\x00/b"} {
-		_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: p}, dst(t))
+		_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: p}, Dst(t))
 		if !errors.Is(err, dtl.ErrOutside) {
 			t.Errorf("fetch %q: got %v, want %v", p, err, dtl.ErrOutside)
 		}
@@ -505,7 +505,7 @@ func cancelMidTransfer(t *testing.T, newPair NewPair) {
 	writers := e.src.Stream("slow", 1<<30)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	done := fetchAsync(ctx, e.client, e.addr, "slow", dst(t))
+	done := fetchAsync(ctx, e.client, e.addr, "slow", Dst(t))
 	begin(t, writers, done)
 	cancel()
 	cancelled := time.Now()
@@ -530,13 +530,13 @@ func cancelledBeforeStart(t *testing.T, newPair NewPair) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "f"}, dst(t))
+	_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "f"}, Dst(t))
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("Fetch with a cancelled context: got %v, want %v", err, context.Canceled)
 	}
 	dl, cancel2 := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
 	defer cancel2()
-	_, err = e.client.Fetch(dl, e.addr, dtl.Request{Path: "f"}, dst(t))
+	_, err = e.client.Fetch(dl, e.addr, dtl.Request{Path: "f"}, Dst(t))
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Fetch with an expired context: got %v, want %v", err, context.DeadlineExceeded)
 	}
@@ -547,7 +547,7 @@ func cancelledBeforeStart(t *testing.T, newPair NewPair) {
 func serverCloseMidTransfer(t *testing.T, newPair NewPair) {
 	e := start(t, newPair)
 	writers := e.src.Stream("slow", 1<<30)
-	done := fetchAsync(ctxFor(t), e.client, e.addr, "slow", dst(t))
+	done := fetchAsync(ctxFor(t), e.client, e.addr, "slow", Dst(t))
 	w := begin(t, writers, done)
 	closed := make(chan error, 1)
 	closing := time.Now()
@@ -585,7 +585,7 @@ func wrongSecret(t *testing.T, newPair NewPair) {
 		other.Close()
 	})
 	for range 3 {
-		_, err := stranger.Fetch(ctxFor(t), e.addr, dtl.Request{Path: "f"}, dst(t))
+		_, err := stranger.Fetch(ctxFor(t), e.addr, dtl.Request{Path: "f"}, Dst(t))
 		if !errors.Is(err, dtl.ErrUnauthorized) {
 			t.Errorf("fetch with another secret: got %v, want %v", err, dtl.ErrUnauthorized)
 		}
@@ -600,7 +600,7 @@ func wrongSecret(t *testing.T, newPair NewPair) {
 func unreachable(t *testing.T, newPair NewPair) {
 	e := start(t, newPair)
 	e.server.Close()
-	_, err := e.client.Fetch(ctxFor(t), e.addr, dtl.Request{Path: "f"}, dst(t))
+	_, err := e.client.Fetch(ctxFor(t), e.addr, dtl.Request{Path: "f"}, Dst(t))
 	if !errors.Is(err, dtl.ErrUnavailable) {
 		t.Errorf("fetch from a closed server: got %v, want %v", err, dtl.ErrUnavailable)
 	}
@@ -615,7 +615,7 @@ func fetchAfterClose(t *testing.T, newPair NewPair) {
 	if err := e.client.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.client.Fetch(ctxFor(t), e.addr, dtl.Request{Path: "f"}, dst(t)); err == nil {
+	if _, err := e.client.Fetch(ctxFor(t), e.addr, dtl.Request{Path: "f"}, Dst(t)); err == nil {
 		t.Error("Fetch on a closed transport succeeded")
 	}
 	if err := e.client.Close(); err != nil {

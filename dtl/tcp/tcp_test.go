@@ -98,16 +98,6 @@ func served(t testing.TB, secret []byte, o opts) (*Transport, *dtltest.Source, *
 	return server, src, lb
 }
 
-func tmpFile(t *testing.T) *os.File {
-	t.Helper()
-	f, err := os.CreateTemp(t.TempDir(), "dst-*")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	return f
-}
-
 func ctxFor(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
@@ -176,15 +166,15 @@ func TestReuse(t *testing.T) {
 	src.WriteFile("f", []byte("hello"))
 	ctx := ctxFor(t)
 	for range 10 {
-		if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, tmpFile(t)); err != nil {
+		if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// A refusal keeps the connection too.
-	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "missing"}, tmpFile(t)); !errors.Is(err, dtl.ErrNotFound) {
+	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "missing"}, dtltest.Dst(t)); !errors.Is(err, dtl.ErrNotFound) {
 		t.Fatal(err)
 	}
-	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, tmpFile(t)); err != nil {
+	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t)); err != nil {
 		t.Fatal(err)
 	}
 	// Close waits for the server's goroutines: its counters are final.
@@ -209,7 +199,7 @@ func TestPoolBound(t *testing.T) {
 	ctx := ctxFor(t)
 	var wg sync.WaitGroup
 	for range 3 * maxIdlePerAddr {
-		f := tmpFile(t)
+		f := dtltest.Dst(t)
 		wg.Go(func() {
 			if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, f); err != nil {
 				t.Error(err)
@@ -236,7 +226,7 @@ func TestFailedNotPooled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "slow"}, tmpFile(t))
+		_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "slow"}, dtltest.Dst(t))
 		done <- err
 	}()
 	w := <-writers
@@ -245,7 +235,7 @@ func TestFailedNotPooled(t *testing.T) {
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("got %v, want %v", err, context.Canceled)
 	}
-	if _, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, tmpFile(t)); err != nil {
+	if _, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t)); err != nil {
 		t.Fatal(err)
 	}
 	if st := client.Stats(); st.Dials != 2 || st.Reused != 0 {
@@ -261,7 +251,7 @@ func TestStaleRetry(t *testing.T) {
 	client, _ := newTransport(t, s, opts{})
 	src.WriteFile("f", []byte("f"))
 	ctx := ctxFor(t)
-	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, tmpFile(t)); err != nil {
+	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t)); err != nil {
 		t.Fatal(err)
 	}
 	server.mu.Lock()
@@ -269,7 +259,7 @@ func TestStaleRetry(t *testing.T) {
 		sc.conn.Close()
 	}
 	server.mu.Unlock()
-	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, tmpFile(t)); err != nil {
+	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t)); err != nil {
 		t.Fatal(err)
 	}
 	if st := client.Stats(); st.Dials != 2 || st.Retried != 1 {
@@ -288,7 +278,7 @@ func TestIdleServerCloses(t *testing.T) {
 	}
 	client, _ := newTransport(t, s, opts{})
 	src.WriteFile("f", []byte("f"))
-	if _, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, tmpFile(t)); err != nil {
+	if _, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t)); err != nil {
 		t.Fatal(err)
 	}
 	client.mu.Lock()
@@ -306,7 +296,7 @@ func TestUnauthorizedServer(t *testing.T) {
 	server, src, slg := served(t, newSecret(), opts{})
 	client, clog := newTransport(t, newSecret(), opts{})
 	src.WriteFile("f", []byte("f"))
-	_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, tmpFile(t))
+	_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t))
 	var re *dtl.RemoteError
 	if !errors.As(err, &re) || !errors.Is(err, dtl.ErrUnauthorized) {
 		t.Errorf("got %v, want a *dtl.RemoteError for %v", err, dtl.ErrUnauthorized)
@@ -329,7 +319,7 @@ func TestDialFailures(t *testing.T) {
 	}
 	dead := ln.Addr().String()
 	ln.Close()
-	if _, err := client.Fetch(ctxFor(t), dead, dtl.Request{Path: "f"}, tmpFile(t)); !errors.Is(err, dtl.ErrUnavailable) {
+	if _, err := client.Fetch(ctxFor(t), dead, dtl.Request{Path: "f"}, dtltest.Dst(t)); !errors.Is(err, dtl.ErrUnavailable) {
 		t.Errorf("nothing listening: got %v, want %v", err, dtl.ErrUnavailable)
 	}
 	// The kernel completes connections that nobody accepts.
@@ -339,7 +329,7 @@ func TestDialFailures(t *testing.T) {
 	}
 	defer mute.Close()
 	start := time.Now()
-	_, err = client.Fetch(ctxFor(t), mute.Addr().String(), dtl.Request{Path: "f"}, tmpFile(t))
+	_, err = client.Fetch(ctxFor(t), mute.Addr().String(), dtl.Request{Path: "f"}, dtltest.Dst(t))
 	if !errors.Is(err, dtl.ErrUnavailable) {
 		t.Errorf("mute listener: got %v, want %v", err, dtl.ErrUnavailable)
 	}
@@ -360,13 +350,13 @@ func TestCloseEndsEverything(t *testing.T) {
 		writers := src.Stream("slow", 1<<30)
 		ctx := ctxFor(t)
 		for range 5 {
-			if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, tmpFile(t)); err != nil {
+			if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t)); err != nil {
 				t.Fatal(err)
 			}
 		}
 		done := make(chan error, 4)
 		for range 4 {
-			f := tmpFile(t)
+			f := dtltest.Dst(t)
 			go func() {
 				_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "slow"}, f)
 				done <- err
@@ -406,7 +396,7 @@ func TestCloseWhileFetching(t *testing.T) {
 	writers := src.Stream("slow", 1<<30)
 	done := make(chan error, 1)
 	go func() {
-		_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "slow"}, tmpFile(t))
+		_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "slow"}, dtltest.Dst(t))
 		done <- err
 	}()
 	w := <-writers
@@ -428,7 +418,7 @@ func TestSparseSendsOnlyData(t *testing.T) {
 	f.Truncate(1 << 30)
 	f.WriteAt(bytes.Repeat([]byte("d"), 8192), 1<<29)
 	f.Close()
-	got := tmpFile(t)
+	got := dtltest.Dst(t)
 	info, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "sparse"}, got)
 	if err != nil {
 		t.Fatal(err)
@@ -452,7 +442,7 @@ func TestShrunkFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	client, _ := newTransport(t, s, opts{})
-	_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, tmpFile(t))
+	_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t))
 	if err == nil {
 		t.Fatal("a file shorter than described was received")
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/dtl/dtltest"
 )
 
 // Tests that speak the wire protocol by hand: raw clients against a real
@@ -353,7 +354,7 @@ func TestStalls(t *testing.T) {
 			addr := fakeServer(t, secret, handle)
 			client, _ := newTransport(t, secret, opts{stall: stall})
 			start := time.Now()
-			_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, tmpFile(t))
+			_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, dtltest.Dst(t))
 			took := time.Since(start)
 			var re *dtl.RemoteError
 			if err == nil || errors.As(err, &re) || errors.Is(err, dtl.ErrUnavailable) || errors.Is(err, dtl.ErrProtocol) {
@@ -385,7 +386,7 @@ func TestCutMidTransfer(t *testing.T) {
 		c.Close()
 	})
 	client, _ := newTransport(t, secret, opts{})
-	_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, tmpFile(t))
+	_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, dtltest.Dst(t))
 	var re *dtl.RemoteError
 	if err == nil || errors.As(err, &re) || errors.Is(err, dtl.ErrProtocol) || errors.Is(err, dtl.ErrUnavailable) {
 		t.Errorf("got %v, want a transfer failure", err)
@@ -428,7 +429,7 @@ func TestBadServers(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			addr := fakeServer(t, secret, handle)
 			client, _ := newTransport(t, secret, opts{})
-			_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, tmpFile(t))
+			_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, dtltest.Dst(t))
 			if !errors.Is(err, dtl.ErrProtocol) {
 				t.Errorf("got %v, want %v", err, dtl.ErrProtocol)
 			}
@@ -449,7 +450,7 @@ func TestServerWithoutSecret(t *testing.T) {
 		t.Error("the client sent a request to a server that could not prove the secret")
 	})
 	client, _ := newTransport(t, newSecret(), opts{})
-	_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, tmpFile(t))
+	_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, dtltest.Dst(t))
 	if !errors.Is(err, dtl.ErrUnauthorized) {
 		t.Errorf("got %v, want %v", err, dtl.ErrUnauthorized)
 	}
@@ -474,7 +475,7 @@ func TestVersionRefusedByServer(t *testing.T) {
 		c.Write(appendError(nil, errFrame{Code: codeVersion, Versions: []uint16{7, 8}, Msg: "speak 7 or 8"}))
 	}()
 	client, _ := newTransport(t, newSecret(), opts{})
-	_, err = client.Fetch(ctxFor(t), ln.Addr().String(), dtl.Request{Path: "f"}, tmpFile(t))
+	_, err = client.Fetch(ctxFor(t), ln.Addr().String(), dtl.Request{Path: "f"}, dtltest.Dst(t))
 	if !errors.Is(err, dtl.ErrProtocol) || !strings.Contains(err.Error(), "[7 8]") {
 		t.Errorf("got %v, want a protocol error naming versions 7 and 8", err)
 	}
@@ -491,7 +492,7 @@ func TestRefusalInsteadOfEnd(t *testing.T) {
 		c.Write(appendError(nil, errFrame{Code: codeBusy, Msg: "rewritten while sent"}))
 	})
 	client, _ := newTransport(t, secret, opts{})
-	_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, tmpFile(t))
+	_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, dtltest.Dst(t))
 	var re *dtl.RemoteError
 	if !errors.As(err, &re) || !errors.Is(err, dtl.ErrBusy) {
 		t.Fatalf("got %v, want a busy refusal", err)
@@ -521,7 +522,7 @@ func TestHandshakeBound(t *testing.T) {
 	client, _ := newTransport(t, secret, opts{})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, tmpFile(t))
+		_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t))
 		if err == nil {
 			break
 		}
