@@ -23,14 +23,30 @@ type Member struct {
 // died (its lease expired).
 var ErrNotRunning = errors.New("node is not running")
 
+// ErrNodeInUse means another live daemon of the namespace has registered the
+// same node id: files published by either would be fetched from the other.
+var ErrNodeInUse = errors.New("node id is in use by another running daemon")
+
 // memberKey and secretKey live beside the records of a namespace; record
 // keys start with a hex bin, so they cannot collide.
 func memberKey(namespace, node string) string { return namespace + "/nodes/" + node }
 func secretKey(namespace string) string       { return namespace + "/secret" }
 
 // Register announces this daemon in the namespace until the store closes or,
-// if the daemon dies, ttl after its last renewal.
+// if the daemon dies, ttl after its last renewal. It refuses with
+// ErrNodeInUse if a live registration of the same node id names another
+// address; the same address is this node's own daemon restarting before its
+// previous lease ran out. Two daemons registering at the same instant are
+// not told apart.
 func (l *Locator) Register(ctx context.Context, m Member, ttl time.Duration) error {
+	old, err := l.Member(ctx, m.Node)
+	switch {
+	case err == nil && (old.Addr != m.Addr || old.Transport != m.Transport):
+		return fmt.Errorf("node %s: %w (%s at %s since %s)", m.Node, ErrNodeInUse,
+			old.Transport, old.Addr, old.Started.Format(time.RFC3339))
+	case err != nil && !errors.Is(err, ErrNotRunning):
+		return err
+	}
 	v, err := json.Marshal(m)
 	if err != nil {
 		return err

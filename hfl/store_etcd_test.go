@@ -712,6 +712,17 @@ func TestEtcdNamespacesApart(t *testing.T) {
 	if m, err := a.Member(ctx, "n1"); err != nil || m.Addr != "a:1" {
 		t.Fatalf("jobA's member = %+v, %v", m, err)
 	}
+	// The node id is taken in jobA by a daemon at another address; jobB
+	// may use it; the same address (a restart) may register again.
+	if err := a.Register(ctx, hfl.Member{Node: "n1", Transport: "tcp", Addr: "b:1"}, 5*time.Second); !errors.Is(err, hfl.ErrNodeInUse) || !strings.Contains(err.Error(), "a:1") {
+		t.Fatalf("second daemon as n1 at another address: %v, want ErrNodeInUse naming a:1", err)
+	}
+	if err := b.Register(ctx, hfl.Member{Node: "n1", Transport: "tcp", Addr: "b:1"}, 5*time.Second); err != nil {
+		t.Fatalf("n1 in another namespace: %v", err)
+	}
+	if err := a.Register(ctx, hfl.Member{Node: "n1", Transport: "tcp", Addr: "a:1"}, 5*time.Second); err != nil {
+		t.Fatalf("n1 registering again at its own address: %v", err)
+	}
 	sa, err := a.JobSecret(ctx)
 	if err != nil {
 		t.Fatal(err)

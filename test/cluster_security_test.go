@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -117,5 +118,37 @@ func TestClusterTransportRefusals(t *testing.T) {
 		if !strings.Contains(log, want) {
 			t.Errorf("the owner's log has no line about the refused %q", want)
 		}
+	}
+}
+
+// TestClusterDuplicateNodeID: a second daemon started with a node id that a
+// running daemon of the job already has is refused with a one-line message
+// and its own exit code, and leaves no mount; the first keeps serving.
+func TestClusterDuplicateNodeID(t *testing.T) {
+	c := newCluster(t, 2)
+	a, b := c.nodes[0], c.nodes[1]
+	a.mustSh("echo mine > f")
+	mnt, backing := filepath.Join(c.dir, "dup-mnt"), filepath.Join(c.dir, "dup-backing")
+	os.Mkdir(mnt, 0o755)
+	os.Mkdir(backing, 0o755)
+	args := []string{dyadfsBin, "mount", "--store", "etcd://" + etcdAddr, "--namespace", c.namespace,
+		"--node", a.name, "--listen", b.ip + ":7448", "--backing", backing,
+		"--log-file", filepath.Join(c.dir, "dup.log"), "--lease-ttl", "2s"}
+	if c.secret != "" {
+		args = append(args, "--secret-file", c.secret)
+	}
+	out, err := b.run(append(args, mnt)...)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 12 {
+		t.Fatalf("second daemon as node %s: %v, want exit code 12; output %q", a.name, err, out)
+	}
+	if strings.Count(out, "\n") != 1 || !strings.Contains(out, "node id is in use") || !strings.Contains(out, a.ip) {
+		t.Fatalf("second daemon printed %q, want one line naming the running daemon's address", out)
+	}
+	if _, err := b.run("mountpoint", "-q", mnt); err == nil {
+		t.Fatalf("%s is mounted after the refusal", mnt)
+	}
+	if got := b.mustSh("cat f"); got != "mine\n" {
+		t.Fatalf("b read %q from a after the refusal", got)
 	}
 }

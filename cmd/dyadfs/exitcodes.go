@@ -14,6 +14,7 @@ const (
 	exitDaemon      = 9  // the background daemon died before the mount was ready
 	exitWait        = 10 // wait: a file could not be opened, or the timeout passed
 	exitTransport   = 11 // the data transport could not listen
+	exitNodeInUse   = 12 // another running daemon of the namespace has this node id
 )
 
 // exitError is an error with the exit code it ends the command with.

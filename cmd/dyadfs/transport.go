@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -66,6 +67,9 @@ func startSharing(ctx context.Context, c *mountConfig, loc *hfl.Locator, d *dmd.
 	self := hfl.Member{Node: c.DMD.Node, Transport: c.DTL, Addr: t.Addr(), Started: time.Now()}
 	if err := loc.Register(ctx, self, c.LeaseTTL); err != nil {
 		t.Close()
+		if errors.Is(err, hfl.ErrNodeInUse) {
+			return nil, fail(exitNodeInUse, err.Error()+"; give each node its own --node, or wait --lease-ttl after that daemon died")
+		}
 		return nil, fail(exitStore, err.Error())
 	}
 	f, err := dtl.NewFetcher(dtl.FetcherConfig{
