@@ -94,27 +94,29 @@ func iperf3(b testing.TB, a, n *node) float64 {
 	if _, err := exec.LookPath("iperf3"); err != nil {
 		b.Skip("skipping: iperf3 is not installed: run scripts/setup.sh")
 	}
-	server := exec.Command("ip", "netns", "exec", n.netns, "iperf3", "-s", "-1", "-B", n.ip)
+	// The server stays up (no -1) so that a client attempt that failed
+	// half-way can be repeated; it is killed when done.
+	server := exec.Command("ip", "netns", "exec", n.netns, "iperf3", "-s", "-B", n.ip)
 	if err := server.Start(); err != nil {
 		b.Fatal(err)
 	}
 	defer func() { server.Process.Kill(); server.Wait() }()
-	var out string
-	var err error
-	eventually(b, "iperf3 server up", func() bool {
-		out, err = a.c.inNet(a.netns, "iperf3", "-c", n.ip, "-t", "5", "-J")
-		return err == nil
-	})
 	var res struct {
-		End struct {
+		Error string `json:"error"`
+		End   struct {
 			SumReceived struct {
 				BitsPerSecond float64 `json:"bits_per_second"`
 			} `json:"sum_received"`
 		} `json:"end"`
 	}
-	if err := json.Unmarshal([]byte(out), &res); err != nil {
-		b.Fatalf("iperf3 output: %v", err)
-	}
+	eventually(b, "an iperf3 run", func() bool {
+		out, err := a.c.inNet(a.netns, "iperf3", "-c", n.ip, "-t", "5", "-J")
+		if err != nil {
+			return false
+		}
+		res.Error, res.End.SumReceived.BitsPerSecond = "", 0
+		return json.Unmarshal([]byte(out), &res) == nil && res.Error == "" && res.End.SumReceived.BitsPerSecond > 0
+	})
 	return res.End.SumReceived.BitsPerSecond / 1e9
 }
 
