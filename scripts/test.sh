@@ -24,7 +24,7 @@ go test -race -count=1 -timeout 60m ./...
 # it left, then remove it, so that the machine is clean either way. The
 # tests name what they make: mounts and daemons under the test binaries'
 # temporary directories, network namespaces "dy<hex>...", etcd data in
-# /dev/shm/dyadfs-test-*.
+# /dev/shm/dyadfs-test-* and /dev/shm/dyadfs-etcdtest-*.
 echo "== leftovers"
 leftover=0
 tmp=${TMPDIR:-/tmp}
@@ -35,7 +35,7 @@ while read -r mnt; do
 	fusermount3 -u -z "$mnt" 2>/dev/null || umount -l "$mnt" || true
 	leftover=1
 done < <(awk -v t="$tmp/Test" 'index($5, t) == 1 {print length($5), $5}' /proc/self/mountinfo | sort -rn | cut -d' ' -f2-)
-for pattern in "dyadfs mount .*--backing $tmp/Test" "etcd .*--data-dir /dev/shm/dyadfs-test-"; do
+for pattern in "dyadfs mount .*--backing $tmp/Test" "etcd .*--data-dir /dev/shm/dyadfs-test-" "etcd .*--data-dir /dev/shm/dyadfs-etcdtest-"; do
 	if pgrep -f -- "$pattern" >/dev/null; then
 		echo "processes were left behind:" >&2
 		pgrep -a -f -- "$pattern" >&2
@@ -48,7 +48,7 @@ for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^dy[0-9a-f][0-9a-f][0-9a-f][0
 	ip netns del "$ns" || true
 	leftover=1
 done
-for d in /dev/shm/dyadfs-test-*; do
+for d in /dev/shm/dyadfs-test-* /dev/shm/dyadfs-etcdtest-*; do
 	[[ -e $d ]] || continue
 	echo "etcd data was left behind: $d" >&2
 	rm -rf "$d"
