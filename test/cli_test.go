@@ -16,7 +16,8 @@ func badMount(t *testing.T, env []string, code int, want string, args ...string)
 	mnt := args[len(args)-1]
 	wasMounted := isMounted(mnt)
 	cmd := exec.Command(dyadfsBin, append([]string{"mount"}, args...)...)
-	cmd.Env = append(os.Environ(), env...)
+	// The default log file goes to $TMPDIR: keep it in the test's directory.
+	cmd.Env = append(append(os.Environ(), "TMPDIR="+t.TempDir()), env...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	err := cmd.Run()
