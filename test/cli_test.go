@@ -39,10 +39,7 @@ func badMount(t *testing.T, env []string, code int, want string, args ...string)
 // exit code and no mount.
 func TestBadInput(t *testing.T) {
 	requireEnv(t)
-	dir := t.TempDir()
-	mnt, backing := filepath.Join(dir, "mnt"), filepath.Join(dir, "backing")
-	os.Mkdir(mnt, 0o755)
-	os.Mkdir(backing, 0o755)
+	dir, mnt, backing := mountDirs(t)
 	file := filepath.Join(dir, "file")
 	os.WriteFile(file, nil, 0o644)
 	inner := filepath.Join(mnt, "inner")
@@ -121,10 +118,7 @@ func TestBadInput(t *testing.T) {
 // command and in the daemon it starts.
 func TestMountArgumentsAfterDashDash(t *testing.T) {
 	requireEnv(t)
-	dir := t.TempDir()
-	mnt, backing := filepath.Join(dir, "mnt"), filepath.Join(dir, "backing")
-	os.Mkdir(mnt, 0o755)
-	os.Mkdir(backing, 0o755)
+	dir, mnt, backing := mountDirs(t)
 	if out, err := dyadfs(t, "mount", "--backing", backing, "--log-file", filepath.Join(dir, "log"), "--", mnt); err != nil {
 		t.Fatalf("dyadfs mount ... -- MNT: %v %s", err, out)
 	}

@@ -106,20 +106,32 @@ func newMount(t *testing.T, flags ...string) *mount {
 	return newMountEnv(t, nil, flags...)
 }
 
+// mountDirs makes a test directory holding an empty mountpoint and backing
+// directory.
+func mountDirs(t *testing.T) (root, mnt, backing string) {
+	t.Helper()
+	root = t.TempDir()
+	mnt, backing = filepath.Join(root, "mnt"), filepath.Join(root, "backing")
+	for _, d := range []string{mnt, backing} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root, mnt, backing
+}
+
 // newMountEnv is newMount with extra environment variables for dyadfs.
 func newMountEnv(t *testing.T, env []string, flags ...string) *mount {
 	t.Helper()
 	requireEnv(t)
-	root := t.TempDir()
+	root, mnt, backing := mountDirs(t)
 	m := &mount{
 		t:       t,
-		mnt:     filepath.Join(root, "mnt"),
-		backing: filepath.Join(root, "backing"),
+		mnt:     mnt,
+		backing: backing,
 		logFile: filepath.Join(root, "dyadfs.log"),
 		node:    "node-a",
 	}
-	os.Mkdir(m.mnt, 0o755)
-	os.Mkdir(m.backing, 0o755)
 	m.args, m.env = flags, env
 	m.start()
 	return m
