@@ -249,6 +249,7 @@ func (f *Fetcher) once(ctx context.Context, addr string, rec hfl.Record) error {
 	if err != nil {
 		return fmt.Errorf("temporary file: %w", err)
 	}
+	defer f.temps.replenish()
 	installed := false
 	defer func() {
 		if !installed {
@@ -329,14 +330,22 @@ func newTempPool(dir string, size int) *tempPool {
 // take returns an empty temporary file, from the pool if it has one.
 func (p *tempPool) take() (*os.File, error) {
 	select {
-	case p.refill <- struct{}{}:
-	default:
-	}
-	select {
 	case f := <-p.ready:
 		return f, nil
 	default:
 		return os.CreateTemp(p.dir, "fetch-*")
+	}
+}
+
+// replenish asks for the pool to be filled again. It is called when a
+// transfer has ended, not when it takes its file: creating files in the
+// temporary directory while the transfer renames out of it would make the
+// rename wait for the directory (a millisecond, on a slow inode
+// allocation).
+func (p *tempPool) replenish() {
+	select {
+	case p.refill <- struct{}{}:
+	default:
 	}
 }
 
