@@ -344,8 +344,9 @@ func (s *EtcdStore) Lookup(ctx context.Context, key string) (Record, error) {
 // revision is one etcd keeps "synced" and sends events to as they happen; a
 // watch that starts at an older revision (the revision of an earlier read,
 // if anything was written since) is served by etcd's catch-up loop, every
-// 100 ms. Reading once etcd has confirmed the watch misses nothing: what was
-// written before the watch began, the read sees.
+// 100 ms. The read after etcd has confirmed the watch sees the key as of
+// the revision the watch starts after, or later, so together they miss
+// nothing.
 func (s *EtcdStore) Wait(ctx context.Context, key string, after uint64) (Record, error) {
 	if err := s.checkOpen(); err != nil {
 		return Record{}, err
@@ -353,21 +354,12 @@ func (s *EtcdStore) Wait(ctx context.Context, key string, after uint64) (Record,
 	ekey := s.recordKey(key)
 	retry := newEtcdBackoff()
 	for {
-		// A read first: it answers at once if the record is there, and
-		// tells whether etcd is up. (Setting up a watch blocks while etcd
-		// is down, deaf to the caller giving up.)
-		rec, found, up, err := s.read(ctx, key, ekey, after)
+		rec, found, err := s.watch(ctx, key, ekey, after)
 		if found || err != nil {
 			return rec, err
 		}
-		if up {
-			rec, found, err = s.watch(ctx, key, ekey, after)
-			if found || err != nil {
-				return rec, err
-			}
-		}
-		// etcd is unreachable, or the watch ended without an answer (the
-		// server canceled it): start over.
+		// etcd did not answer the read, or the watch ended without an
+		// answer (the server canceled it): start over.
 		if err := s.sleep(ctx, retry.next()); err != nil {
 			return Record{}, err
 		}
@@ -381,7 +373,20 @@ func (s *EtcdStore) watch(ctx context.Context, key, ekey string, after uint64) (
 	// The watch's context is the store's, not the caller's, and ends when
 	// this returns; see cancelWhenCreated for why.
 	wctx, cancel := context.WithCancel(s.ctx)
-	wch := s.cli.Watch(wctx, ekey, clientv3.WithCreatedNotify())
+	// While etcd is down, setting up a watch blocks (until the client has
+	// a stream again), deaf to the caller giving up: it runs aside.
+	started := make(chan clientv3.WatchChan, 1)
+	go func() { started <- s.cli.Watch(wctx, ekey, clientv3.WithCreatedNotify()) }()
+	var wch clientv3.WatchChan
+	select {
+	case wch = <-started:
+	case <-ctx.Done():
+		go func() { s.cancelWhenCreated(<-started, cancel) }()
+		return Record{}, false, ctx.Err()
+	case <-s.ctx.Done():
+		cancel()
+		return Record{}, false, ErrClosed
+	}
 	settled := false // etcd confirmed the watch, or it ended
 	defer func() {
 		if settled {
@@ -408,7 +413,7 @@ func (s *EtcdStore) watch(ctx context.Context, key, ekey string, after uint64) (
 			}
 			if wr.Created {
 				settled = true
-				rec, found, up, err := s.read(ctx, key, ekey, after)
+				rec, found, up, err := s.read(ctx, key, ekey, after, wr.Header.Revision)
 				if found || err != nil || !up {
 					return rec, found, err
 				}
@@ -435,14 +440,22 @@ func (s *EtcdStore) watch(ctx context.Context, key, ekey string, after uint64) (
 	}
 }
 
-// read is a read of a wait: a record newer than after, if there is one. It
-// is linearizable, so that it sees every write before the watch began. up
-// is false when etcd did not answer: a transient failure must not end the
+// read is the read of a wait: the record, if it is newer than after, as of
+// revision minRev at least, the revision a confirmed watch starts after. A
+// serializable read of the member's latest state needs no consensus round;
+// only if that member has not applied minRev yet is the read made
+// linearizable. (Reading the latest state rather than minRev's also catches
+// a write that landed while etcd set the watch up: such a watch starts in
+// the past and etcd serves it from a catch-up loop that runs every 100 ms.)
+// up is false when etcd did not answer: a transient failure must not end the
 // wait, so the caller backs off and starts over.
-func (s *EtcdStore) read(ctx context.Context, key, ekey string, after uint64) (rec Record, found, up bool, err error) {
+func (s *EtcdStore) read(ctx context.Context, key, ekey string, after uint64, minRev int64) (rec Record, found, up bool, err error) {
 	cctx, cancel := s.call(ctx)
 	defer cancel()
-	resp, err := s.cli.Get(cctx, ekey)
+	resp, err := s.cli.Get(cctx, ekey, clientv3.WithSerializable())
+	if err == nil && resp.Header.Revision < minRev {
+		resp, err = s.cli.Get(cctx, ekey)
+	}
 	if err != nil {
 		err = s.fail(ctx, cctx, "wait for", key, err)
 		if etcdTransient(err) {
