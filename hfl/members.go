@@ -36,22 +36,30 @@ func secretKey(namespace string) string       { return namespace + "/secret" }
 // if the daemon dies, ttl after its last renewal. It refuses with
 // ErrNodeInUse if a live registration of the same node id names another
 // address; the same address is this node's own daemon restarting before its
-// previous lease ran out. Two daemons registering at the same instant are
-// not told apart.
+// previous lease ran out. The check and the registration are one atomic
+// step in the store: of two daemons started with the same node id at once,
+// the second is refused.
 func (l *Locator) Register(ctx context.Context, m Member, ttl time.Duration) error {
-	old, err := l.Member(ctx, m.Node)
-	switch {
-	case err == nil && (old.Addr != m.Addr || old.Transport != m.Transport):
-		return fmt.Errorf("node %s: %w (%s at %s since %s)", m.Node, ErrNodeInUse,
-			old.Transport, old.Addr, old.Started.Format(time.RFC3339))
-	case err != nil && !errors.Is(err, ErrNotRunning):
-		return err
-	}
 	v, err := json.Marshal(m)
 	if err != nil {
 		return err
 	}
-	if err := l.store.Register(ctx, memberKey(l.cfg.Namespace, m.Node), v, ttl); err != nil {
+	claim := func(current []byte) error {
+		var old Member
+		if json.Unmarshal(current, &old) != nil {
+			return nil // not a registration dyadfs wrote: take the key
+		}
+		if old.Addr != m.Addr || old.Transport != m.Transport {
+			return fmt.Errorf("node %s: %w (%s at %s since %s)", m.Node, ErrNodeInUse,
+				old.Transport, old.Addr, old.Started.Format(time.RFC3339))
+		}
+		return nil
+	}
+	err = l.store.Register(ctx, memberKey(l.cfg.Namespace, m.Node), v, ttl, claim)
+	if errors.Is(err, ErrNodeInUse) {
+		return err
+	}
+	if err != nil {
 		return fmt.Errorf("register node %s: %w", m.Node, err)
 	}
 	return nil

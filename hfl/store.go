@@ -29,7 +29,11 @@ type Store interface {
 	// Register stores value under key for as long as this daemon lives:
 	// until Close, or, in a store shared between nodes, until the daemon
 	// stops renewing it and ttl passes. Daemons announce themselves so.
-	Register(ctx context.Context, key string, value []byte, ttl time.Duration) error
+	// If a live value is under key already, claim (when not nil) decides:
+	// an error from it fails Register, which stores nothing. The decision
+	// and the write are one atomic step, so that of two daemons claiming
+	// the same key at once, one sees the other's value.
+	Register(ctx context.Context, key string, value []byte, ttl time.Duration, claim func(current []byte) error) error
 	// Get returns a value stored by Register or PutIfAbsent, or ErrNotFound.
 	Get(ctx context.Context, key string) ([]byte, error)
 	// PutIfAbsent stores value under key unless the key exists, and

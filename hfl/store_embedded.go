@@ -142,12 +142,17 @@ func (s *EmbeddedStore) Remove(ctx context.Context, key, owner string) error {
 
 // Register implements Store. In one process the daemon's life is the
 // store's, so ttl plays no part.
-func (s *EmbeddedStore) Register(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+func (s *EmbeddedStore) Register(ctx context.Context, key string, value []byte, ttl time.Duration, claim func(current []byte) error) error {
 	if s.isClosed() {
 		return ErrClosed
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if cur, ok := s.values[key]; ok && claim != nil {
+		if err := claim(append([]byte(nil), cur...)); err != nil {
+			return err
+		}
+	}
 	s.values[key] = append([]byte(nil), value...)
 	return nil
 }

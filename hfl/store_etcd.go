@@ -649,6 +649,7 @@ type etcdRegistration struct {
 	ekey  string
 	value string
 	ttl   int64 // seconds, as asked
+	claim func(current []byte) error
 
 	cancel context.CancelFunc
 	done   chan struct{} // closed when keep returns
@@ -666,7 +667,7 @@ func (r *etcdRegistration) currentLease() clientv3.LeaseID {
 // Register implements Store. ttl is rounded up to whole seconds; etcd may
 // raise it further to its minimum lease TTL (2 s with default settings).
 // Registering a key again replaces the earlier registration.
-func (s *EtcdStore) Register(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+func (s *EtcdStore) Register(ctx context.Context, key string, value []byte, ttl time.Duration, claim func(current []byte) error) error {
 	if ttl <= 0 {
 		return fmt.Errorf("etcd: register %q: ttl %v must be positive", key, ttl)
 	}
@@ -676,7 +677,23 @@ func (s *EtcdStore) Register(ctx context.Context, key string, value []byte, ttl 
 	if err := s.checkOpen(); err != nil {
 		return err
 	}
-	reg := &etcdRegistration{key: key, ekey: s.valueKey(key), value: string(value), ttl: secs, done: make(chan struct{})}
+	reg := &etcdRegistration{key: key, ekey: s.valueKey(key), value: string(value), ttl: secs, claim: claim, done: make(chan struct{})}
+	cctx, cancel := s.call(ctx)
+	defer cancel()
+	// Judge what is there before letting go of an earlier registration of
+	// the key by this store, which a refused claim must leave alone. (The
+	// write judges again, atomically.)
+	if claim != nil {
+		get, err := s.cli.Get(cctx, reg.ekey)
+		if err != nil {
+			return s.fail(ctx, cctx, "register", key, err)
+		}
+		if len(get.Kvs) > 0 && string(get.Kvs[0].Value) != reg.value {
+			if err := claim(get.Kvs[0].Value); err != nil {
+				return err
+			}
+		}
+	}
 	// Stop renewing an earlier registration first, so that it cannot put
 	// the key back on its own lease once this one has, and revoke its lease
 	// only after the key has moved to the new lease.
@@ -691,9 +708,11 @@ func (s *EtcdStore) Register(ctx context.Context, key string, value []byte, ttl 
 			s.revoke(old.currentLease())
 		}
 	}()
-	cctx, cancel := s.call(ctx)
-	defer cancel()
 	lease, err := s.grantAndPut(cctx, reg)
+	var refused *claimRefused
+	if errors.As(err, &refused) {
+		return refused.err
+	}
 	if err != nil {
 		return s.fail(ctx, cctx, "register", key, err)
 	}
@@ -717,12 +736,45 @@ func (s *EtcdStore) grantAndPut(ctx context.Context, reg *etcdRegistration) (cli
 	if err != nil {
 		return 0, err
 	}
-	if _, err := s.cli.Put(ctx, reg.ekey, reg.value, clientv3.WithLease(g.ID)); err != nil {
-		s.revoke(g.ID)
-		return 0, err
+	// Read, let claim judge what is there, then write only if the key is
+	// still as read; if another daemon wrote in between, judge again.
+	for attempt := 0; ; attempt++ {
+		get, err := s.cli.Get(ctx, reg.ekey)
+		if err != nil {
+			s.revoke(g.ID)
+			return 0, err
+		}
+		unchanged := clientv3.Compare(clientv3.CreateRevision(reg.ekey), "=", 0)
+		if len(get.Kvs) > 0 {
+			kv := get.Kvs[0]
+			if reg.claim != nil && string(kv.Value) != reg.value {
+				if err := reg.claim(kv.Value); err != nil {
+					s.revoke(g.ID)
+					return 0, &claimRefused{err}
+				}
+			}
+			unchanged = clientv3.Compare(clientv3.ModRevision(reg.ekey), "=", kv.ModRevision)
+		}
+		resp, err := s.cli.Txn(ctx).If(unchanged).Then(clientv3.OpPut(reg.ekey, reg.value, clientv3.WithLease(g.ID))).Commit()
+		if err != nil {
+			s.revoke(g.ID)
+			return 0, err
+		}
+		if resp.Succeeded {
+			return g.ID, nil
+		}
+		if attempt == 10 {
+			s.revoke(g.ID)
+			return 0, fmt.Errorf("%s keeps changing under concurrent registrations", reg.key)
+		}
 	}
-	return g.ID, nil
 }
+
+// claimRefused carries a claim's refusal out of grantAndPut, apart from
+// etcd's own errors.
+type claimRefused struct{ err error }
+
+func (e *claimRefused) Error() string { return e.err.Error() }
 
 // keep drains the lease's keepalive answers until ctx ends. If the lease is
 // lost while the store is open (etcd was unreachable for longer than the
@@ -740,6 +792,13 @@ func (s *EtcdStore) keep(ctx context.Context, reg *etcdRegistration, ch <-chan *
 		for {
 			cctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 			lease, err := s.grantAndPut(cctx, reg)
+			var refused *claimRefused
+			if errors.As(err, &refused) {
+				// Another daemon took the key while this one's lease
+				// was lost: it is theirs now.
+				cancel()
+				return
+			}
 			if err == nil {
 				ch, err = s.cli.KeepAlive(ctx, lease)
 				if err != nil {

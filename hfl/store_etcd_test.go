@@ -189,7 +189,7 @@ func TestEtcdWaitSurvivesRestart(t *testing.T) {
 				// are retried during the outage.
 				c.RequestTimeout = time.Second
 			})
-			if err := s.Register(ctx, "job/nodes/n1", []byte("n1"), 2*time.Second); err != nil {
+			if err := s.Register(ctx, "job/nodes/n1", []byte("n1"), 2*time.Second, nil); err != nil {
 				t.Fatal(err)
 			}
 			first, err := s.Publish(ctx, "job/k", record("p", "n1"))
@@ -266,7 +266,7 @@ func TestEtcdCallsFailWhileDown(t *testing.T) {
 		"Lookup":  func(ctx context.Context) error { _, err := s.Lookup(ctx, "k"); return err },
 		"Remove":  func(ctx context.Context) error { return s.Remove(ctx, "k", "n1") },
 		"Register": func(ctx context.Context) error {
-			return s.Register(ctx, "nodes/n1", []byte("x"), 5*time.Second)
+			return s.Register(ctx, "nodes/n1", []byte("x"), 5*time.Second, nil)
 		},
 		"Get":         func(ctx context.Context) error { _, err := s.Get(ctx, "secret"); return err },
 		"PutIfAbsent": func(ctx context.Context) error { _, err := s.PutIfAbsent(ctx, "secret", []byte("x")); return err },
@@ -343,11 +343,11 @@ func TestEtcdRegisterWithdrawnOnClose(t *testing.T) {
 	ctx := testCtx(t)
 	a := openEtcd(t, srv.Endpoints(), "/dyadfs/", nil)
 	b := openEtcd(t, srv.Endpoints(), "/dyadfs/", nil)
-	if err := a.Register(ctx, "job/nodes/a", []byte("addr-a"), 30*time.Second); err != nil {
+	if err := a.Register(ctx, "job/nodes/a", []byte("addr-a"), 30*time.Second, nil); err != nil {
 		t.Fatal(err)
 	}
 	// Registering again replaces the value, on a new lease.
-	if err := a.Register(ctx, "job/nodes/a", []byte("addr-a2"), 30*time.Second); err != nil {
+	if err := a.Register(ctx, "job/nodes/a", []byte("addr-a2"), 30*time.Second, nil); err != nil {
 		t.Fatal(err)
 	}
 	if v, err := b.Get(ctx, "job/nodes/a"); err != nil || string(v) != "addr-a2" {
@@ -359,10 +359,10 @@ func TestEtcdRegisterWithdrawnOnClose(t *testing.T) {
 	if v, err := b.Get(ctx, "job/nodes/a"); !errors.Is(err, hfl.ErrNotFound) {
 		t.Fatalf("Get right after Close = %q, %v; want ErrNotFound", v, err)
 	}
-	if err := a.Register(ctx, "job/nodes/a", []byte("x"), time.Second); !errors.Is(err, hfl.ErrClosed) {
+	if err := a.Register(ctx, "job/nodes/a", []byte("x"), time.Second, nil); !errors.Is(err, hfl.ErrClosed) {
 		t.Fatalf("Register after Close: %v, want ErrClosed", err)
 	}
-	if err := b.Register(ctx, "job/nodes/b", []byte("x"), 0); err == nil {
+	if err := b.Register(ctx, "job/nodes/b", []byte("x"), 0, nil); err == nil {
 		t.Fatalf("Register with ttl 0 succeeded")
 	}
 }
@@ -379,7 +379,7 @@ func TestEtcdRegisterTTL(t *testing.T) {
 		want int64
 	}{{time.Millisecond, 2}, {time.Second, 2}, {2 * time.Second, 2}, {2500 * time.Millisecond, 3}, {3 * time.Second, 3}, {time.Minute, 60}} {
 		key := fmt.Sprintf("nodes/%v", tc.ttl)
-		if err := s.Register(ctx, key, []byte("x"), tc.ttl); err != nil {
+		if err := s.Register(ctx, key, []byte("x"), tc.ttl, nil); err != nil {
 			t.Fatalf("Register ttl %v: %v", tc.ttl, err)
 		}
 		resp, err := raw.Get(ctx, "/ttl/val/"+key)
@@ -411,7 +411,7 @@ func TestEtcdRegisterChild(t *testing.T) {
 		fmt.Println("error:", err)
 		os.Exit(1)
 	}
-	if err := s.Register(context.Background(), "job/nodes/child", []byte("child"), 2*time.Second); err != nil {
+	if err := s.Register(context.Background(), "job/nodes/child", []byte("child"), 2*time.Second, nil); err != nil {
 		fmt.Println("error:", err)
 		os.Exit(1)
 	}
@@ -768,5 +768,56 @@ func TestEtcdAbandonedWaitsLeaveNoWatchers(t *testing.T) {
 			t.Fatalf("%d watchers (%v) on the server 10s after every wait ended", n, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Two daemons (each with its own client) started at once with the same node
+// id at different addresses: exactly one registers, the other is refused
+// with ErrNodeInUse naming the winner's address.
+func TestEtcdSameNodeIDAtOnce(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx := testCtx(t)
+	daemon := func() *hfl.Locator {
+		cfg := hfl.DefaultLocatorConfig()
+		cfg.Namespace = "job"
+		loc, err := hfl.NewLocator(cfg, openEtcd(t, srv.Endpoints(), hfl.DefaultEtcdPrefix, nil), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return loc
+	}
+	a, b := daemon(), daemon()
+	for round := 0; round < 10; round++ {
+		node := fmt.Sprintf("n%d", round)
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for i, loc := range []*hfl.Locator{a, b} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = loc.Register(ctx, hfl.Member{Node: node, Transport: "tcp", Addr: fmt.Sprintf("addr-%d:1", i)}, 5*time.Second)
+			}()
+		}
+		wg.Wait()
+		won := -1
+		for i, err := range errs {
+			switch {
+			case err == nil && won < 0:
+				won = i
+			case err == nil:
+				t.Fatalf("round %d: both daemons registered as %s", round, node)
+			case !errors.Is(err, hfl.ErrNodeInUse):
+				t.Fatalf("round %d: Register: %v, want nil or ErrNodeInUse", round, err)
+			}
+		}
+		if won < 0 {
+			t.Fatalf("round %d: neither daemon registered: %v", round, errs)
+		}
+		if lost := errs[1-won]; !strings.Contains(lost.Error(), fmt.Sprintf("addr-%d:1", won)) {
+			t.Fatalf("round %d: refusal %q does not name the winner's address", round, lost)
+		}
+		if m, err := a.Member(ctx, node); err != nil || m.Addr != fmt.Sprintf("addr-%d:1", won) {
+			t.Fatalf("round %d: member = %+v, %v; want the winner's", round, m, err)
+		}
 	}
 }

@@ -41,6 +41,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"OddKeys", oddKeys},
 		{"ManyWaiters", manyWaiters},
 		{"RegisterGet", registerGet},
+		{"RegisterClaimOneWins", registerClaimOneWins},
 		{"PutIfAbsentFirstWins", putIfAbsentFirstWins},
 		{"CloseEndsWaits", closeEndsWaits},
 	}
@@ -306,10 +307,10 @@ func registerGet(t *testing.T, s hfl.Store) {
 	if _, err := s.Get(ctx, "kvtest/nodes/a"); !errors.Is(err, hfl.ErrNotFound) {
 		t.Fatalf("Get of an unregistered key: %v, want ErrNotFound", err)
 	}
-	if err := s.Register(ctx, "kvtest/nodes/a", []byte("addr-a"), 5*time.Second); err != nil {
+	if err := s.Register(ctx, "kvtest/nodes/a", []byte("addr-a"), 5*time.Second, nil); err != nil {
 		t.Fatalf("Register: %v", err)
 	}
-	if err := s.Register(ctx, "kvtest/nodes/b", []byte("addr-b"), 5*time.Second); err != nil {
+	if err := s.Register(ctx, "kvtest/nodes/b", []byte("addr-b"), 5*time.Second, nil); err != nil {
 		t.Fatalf("Register: %v", err)
 	}
 	for k, want := range map[string]string{"kvtest/nodes/a": "addr-a", "kvtest/nodes/b": "addr-b"} {
@@ -321,6 +322,59 @@ func registerGet(t *testing.T, s hfl.Store) {
 	// A registered value is not a record.
 	if _, err := s.Lookup(ctx, "kvtest/nodes/a"); !errors.Is(err, hfl.ErrNotFound) {
 		t.Fatalf("Lookup of a registered value: %v, want ErrNotFound", err)
+	}
+}
+
+// registerClaimOneWins: of many registrations of one key at once, each
+// refusing any value already there, exactly one succeeds, and each refused
+// one was shown the winner's value.
+func registerClaimOneWins(t *testing.T, s hfl.Store) {
+	ctx := ctxFor(t)
+	const n = 8
+	errTaken := errors.New("taken")
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var won []string
+	var saw []string
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v := fmt.Sprintf("claimant-%d", i)
+			err := s.Register(ctx, "kvtest/nodes/contended", []byte(v), 5*time.Second, func(cur []byte) error {
+				mu.Lock()
+				saw = append(saw, string(cur))
+				mu.Unlock()
+				return errTaken
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				won = append(won, v)
+			case !errors.Is(err, errTaken):
+				t.Errorf("Register: %v, want nil or the claim's error", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(won) != 1 {
+		t.Fatalf("%d registrations won (%v), want exactly 1", len(won), won)
+	}
+	for _, v := range saw {
+		if v != won[0] {
+			t.Errorf("a claim was shown %q, want the winner %q", v, won[0])
+		}
+	}
+	if got, err := s.Get(ctx, "kvtest/nodes/contended"); err != nil || string(got) != won[0] {
+		t.Errorf("Get = %q, %v; want the winner %q", got, err, won[0])
+	}
+	// A claim that accepts what is there replaces it.
+	if err := s.Register(ctx, "kvtest/nodes/contended", []byte("successor"), 5*time.Second, func([]byte) error { return nil }); err != nil {
+		t.Fatalf("Register with an accepting claim: %v", err)
+	}
+	if got, _ := s.Get(ctx, "kvtest/nodes/contended"); string(got) != "successor" {
+		t.Errorf("Get = %q, want successor", got)
 	}
 }
 
