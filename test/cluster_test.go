@@ -38,6 +38,8 @@ type cluster struct {
 	secret string // path of a shared --secret-file, if set
 	// etcdOnDisk keeps etcd's data in the test's directory on disk.
 	etcdOnDisk bool
+	// backingOnTmpfs keeps the nodes' backing directories on tmpfs.
+	backingOnTmpfs bool
 	// Namespace is the job namespace the nodes join.
 	namespace string
 }
@@ -85,6 +87,9 @@ type clusterOptions struct {
 	flags []string
 	// etcdOnDisk keeps etcd's data on disk instead of tmpfs.
 	etcdOnDisk bool
+	// backingOnTmpfs puts the nodes' backing directories on tmpfs
+	// (/dev/shm), node-local storage without a disk.
+	backingOnTmpfs bool
 }
 
 func newClusterWith(t testing.TB, o clusterOptions) *cluster {
@@ -93,7 +98,8 @@ func newClusterWith(t testing.TB, o clusterOptions) *cluster {
 	n, flags := o.nodes, o.flags
 	id := make([]byte, 2)
 	rand.Read(id)
-	c := &cluster{t: t, id: "dy" + hex.EncodeToString(id), dir: t.TempDir(), namespace: "job-" + hex.EncodeToString(id), etcdOnDisk: o.etcdOnDisk}
+	c := &cluster{t: t, id: "dy" + hex.EncodeToString(id), dir: t.TempDir(), namespace: "job-" + hex.EncodeToString(id),
+		etcdOnDisk: o.etcdOnDisk, backingOnTmpfs: o.backingOnTmpfs}
 	c.mnt = filepath.Join(c.dir, "dmd")
 	c.nsDir = filepath.Join(c.dir, "ns")
 	c.sw = c.id + "sw"
@@ -202,8 +208,15 @@ func (c *cluster) inNet(ns string, argv ...string) (string, error) {
 // on it.
 func (c *cluster) addNode(name string, flags ...string) *node {
 	c.t.Helper()
+	if c.backingOnTmpfs {
+		return c.addNodeAt(name, filepath.Join(c.shmDir(), name), flags...)
+	}
 	return c.addNodeAt(name, filepath.Join(c.dir, name, "backing"), flags...)
 }
+
+// shmDir is where the cluster keeps what it puts on tmpfs besides etcd's
+// data; scripts/test.sh removes what a killed test leaves there.
+func (c *cluster) shmDir() string { return filepath.Join("/dev/shm", "dyadfs-test-"+c.id+"-nodes") }
 
 // addNodeAt creates a node over backing, which other nodes may share.
 func (c *cluster) addNodeAt(name, backing string, flags ...string) *node {
@@ -379,6 +392,7 @@ func (c *cluster) teardown() {
 		c.t.Logf("etcd log:\n%s", c.readFile("etcd.log"))
 	}
 	os.RemoveAll(c.etcdDataDir())
+	os.RemoveAll(c.shmDir())
 	runOut("ip", "netns", "del", c.etcdNS)
 	runOut("ip", "netns", "del", c.sw)
 	syscall.Unmount(c.nsDir, syscall.MNT_DETACH)
