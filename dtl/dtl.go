@@ -72,6 +72,37 @@ type Transport interface {
 	Close() error
 }
 
+// MaxMessage bounds a message and its reply.
+const MaxMessage = 60 << 10
+
+// Messenger is implemented by transports that also carry small messages
+// between daemons (the locator's notices of publishes and waits).
+//
+// A message is delivered at most once per call, except in one case: a
+// transport may retry a message once on a new connection when a pooled one
+// turns out closed before any answer came (as Fetch does), and if the peer
+// had handled the message and then died or closed before replying, it is
+// handled twice. Handlers should be idempotent.
+type Messenger interface {
+	// Message sends msg to the daemon at addr and returns its reply. node,
+	// when not empty, is the node expected at addr: another node answering
+	// there fails the call with ErrUnavailable (as Request.Owner does).
+	// Errors: *RemoteError when the peer's handler failed or it has none,
+	// ErrUnavailable when the peer cannot be reached, ctx's error.
+	// A message longer than MaxMessage is not sent.
+	Message(ctx context.Context, addr, node string, msg []byte) ([]byte, error)
+	// HandleMessages sets the function that answers peers' messages; from is
+	// the node id the peer announced in its authenticated handshake. It must
+	// be called before Serve. The handler must not block for long: it runs on
+	// the connection's goroutine. A returned error reaches the sender as a
+	// *RemoteError: for ErrRefused, or for whichever of the Err* values a
+	// Source returns (ErrNotFound, ...) the error Is. A reply longer than
+	// MaxMessage is refused (ErrRefused) in its place. msg is valid only
+	// until the handler returns; ctx ends when the transport closes, and
+	// Close waits for handlers to return.
+	HandleMessages(h func(ctx context.Context, from string, msg []byte) ([]byte, error))
+}
+
 // Config is what every backend is configured with.
 type Config struct {
 	// Node is this daemon's node id.
@@ -125,10 +156,13 @@ var (
 	ErrUnavailable = errors.New("owner unreachable")
 	// ErrProtocol: the peer broke the protocol.
 	ErrProtocol = errors.New("protocol error")
+	// ErrRefused: a peer's message handler failed, or it has none, or its
+	// reply was longer than MaxMessage (see Messenger).
+	ErrRefused = errors.New("message refused")
 )
 
-// RemoteError is a refusal reported by the owner. Is matches the Err*
-// value it stands for.
+// RemoteError is a refusal reported by the owner (for a message, by the
+// peer). Is matches the Err* value it stands for.
 type RemoteError struct {
 	Err error  // one of the Err* values above
 	Msg string // the owner's explanation

@@ -18,6 +18,8 @@ const (
 	LevelLocal Level = iota
 	// LevelCache: this daemon's cache of records held it.
 	LevelCache
+	// LevelHome: the path's home node (see notices) held it.
+	LevelHome
 	// LevelGlobal: the global metadata store held it.
 	LevelGlobal
 	numLevels
@@ -29,6 +31,8 @@ func (l Level) String() string {
 		return "local"
 	case LevelCache:
 		return "cache"
+	case LevelHome:
+		return "home"
 	case LevelGlobal:
 		return "global"
 	}
@@ -77,6 +81,8 @@ type LocatorStats struct {
 	Hits   map[string]uint64 `json:"hits"`
 	Misses uint64            `json:"misses"`
 	Cached int               `json:"cached_records"`
+	// Notices is nil when notices are off (a single node).
+	Notices *NoticeStats `json:"notices,omitempty"`
 }
 
 // Locator finds files through the three levels and publishes records.
@@ -85,6 +91,8 @@ type Locator struct {
 	store Store
 	local LocalIndex
 	cache *recordCache
+
+	notices atomic.Pointer[notices]
 
 	hits   [numLevels]atomic.Uint64
 	misses atomic.Uint64
@@ -110,11 +118,23 @@ func (l *Locator) Key(path string) string {
 // Publish records rec in the global store and the cache, and returns it with
 // its new generation.
 func (l *Locator) Publish(ctx context.Context, rec Record) (Record, error) {
+	rec.Provisional, rec.Generation = false, 0
+	n := l.notices.Load()
+	if n != nil {
+		// Waiting consumers need not wait for the store's commit: the
+		// owner serves the file from now on.
+		ahead := rec
+		ahead.Provisional = true
+		n.published(ahead)
+	}
 	out, err := l.store.Publish(ctx, l.Key(rec.Path), rec)
 	if err != nil {
 		return Record{}, fmt.Errorf("publish %s: %w", rec.Path, err)
 	}
 	l.cache.put(out)
+	if n != nil {
+		n.published(out)
+	}
 	return out, nil
 }
 
@@ -124,6 +144,9 @@ func (l *Locator) Unpublish(ctx context.Context, path, owner string) error {
 	err := l.store.Remove(ctx, l.Key(path), owner)
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("unpublish %s: %w", path, err)
+	}
+	if n := l.notices.Load(); n != nil {
+		n.unpublished(path, owner)
 	}
 	return nil
 }
@@ -147,6 +170,12 @@ func (l *Locator) Record(ctx context.Context, path string) (Record, Level, error
 		l.hits[LevelCache].Add(1)
 		return rec, LevelCache, nil
 	}
+	if n := l.notices.Load(); n != nil {
+		if rec, found, _ := n.ask(ctx, path, 0, false, false); found {
+			l.hits[LevelHome].Add(1)
+			return rec, LevelHome, nil
+		}
+	}
 	rec, err := l.store.Lookup(ctx, l.Key(path))
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
@@ -162,6 +191,19 @@ func (l *Locator) Record(ctx context.Context, path string) (Record, Level, error
 // Wait blocks until the global store holds a record of path newer than
 // generation after, and returns it.
 func (l *Locator) Wait(ctx context.Context, path string, after uint64) (Record, error) {
+	return l.wait(ctx, path, after, false)
+}
+
+// WaitAhead is Wait, but it may also return a provisional record: one sent
+// by its owner ahead of the store's commit, whose file the owner serves.
+func (l *Locator) WaitAhead(ctx context.Context, path string, after uint64) (Record, error) {
+	return l.wait(ctx, path, after, true)
+}
+
+func (l *Locator) wait(ctx context.Context, path string, after uint64, ahead bool) (Record, error) {
+	if n := l.notices.Load(); n != nil {
+		return n.wait(ctx, path, after, ahead)
+	}
 	rec, err := l.store.Wait(ctx, l.Key(path), after)
 	if err != nil {
 		return Record{}, err
@@ -184,6 +226,10 @@ func (l *Locator) Stats() LocatorStats {
 	s := LocatorStats{Hits: make(map[string]uint64, numLevels), Misses: l.misses.Load(), Cached: l.cache.len()}
 	for lv := Level(0); lv < numLevels; lv++ {
 		s.Hits[lv.String()] = l.hits[lv].Load()
+	}
+	if n := l.notices.Load(); n != nil {
+		ns := n.stats()
+		s.Notices = &ns
 	}
 	return s
 }

@@ -29,6 +29,10 @@ type Record struct {
 	// Generation is assigned by the store on publish; it grows with every
 	// publish of the same key and is never reused.
 	Generation uint64 `json:"gen"`
+	// Provisional marks a record an owner sends ahead of its publish, while
+	// the store is still committing it: it has no generation yet, the
+	// owner serves the file it describes, and no store or cache keeps it.
+	Provisional bool `json:"prov,omitempty"`
 }
 
 // ErrNotFound means the store holds no record under the key.

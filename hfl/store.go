@@ -36,6 +36,9 @@ type Store interface {
 	Register(ctx context.Context, key string, value []byte, ttl time.Duration, claim func(current []byte) error) error
 	// Get returns a value stored by Register or PutIfAbsent, or ErrNotFound.
 	Get(ctx context.Context, key string) ([]byte, error)
+	// List returns every value stored by Register or PutIfAbsent under a
+	// key that starts with prefix, by key (an empty map if none).
+	List(ctx context.Context, prefix string) (map[string][]byte, error)
 	// PutIfAbsent stores value under key unless the key exists, and
 	// returns what the store holds afterwards: value, or what was there.
 	PutIfAbsent(ctx context.Context, key string, value []byte) ([]byte, error)

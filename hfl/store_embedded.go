@@ -2,6 +2,7 @@ package hfl
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 )
@@ -169,6 +170,22 @@ func (s *EmbeddedStore) Get(ctx context.Context, key string) ([]byte, error) {
 		return nil, ErrNotFound
 	}
 	return append([]byte(nil), v...), nil
+}
+
+// List implements Store.
+func (s *EmbeddedStore) List(ctx context.Context, prefix string) (map[string][]byte, error) {
+	if s.isClosed() {
+		return nil, ErrClosed
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string][]byte)
+	for k, v := range s.values {
+		if strings.HasPrefix(k, prefix) {
+			out[k] = append([]byte(nil), v...)
+		}
+	}
+	return out, nil
 }
 
 // PutIfAbsent implements Store.

@@ -614,6 +614,26 @@ func (s *EtcdStore) Get(ctx context.Context, key string) ([]byte, error) {
 	return resp.Kvs[0].Value, nil
 }
 
+// List implements Store: one serializable range read (a member's own
+// answer, which may lag the leader's by a moment).
+func (s *EtcdStore) List(ctx context.Context, prefix string) (map[string][]byte, error) {
+	if err := s.checkOpen(); err != nil {
+		return nil, err
+	}
+	cctx, cancel := s.call(ctx)
+	defer cancel()
+	resp, err := s.cli.Get(cctx, s.valueKey(prefix), clientv3.WithPrefix(), clientv3.WithSerializable())
+	if err != nil {
+		return nil, s.fail(ctx, cctx, "list", prefix, err)
+	}
+	out := make(map[string][]byte, len(resp.Kvs))
+	base := len(s.valueKey(""))
+	for _, kv := range resp.Kvs {
+		out[string(kv.Key[base:])] = kv.Value
+	}
+	return out, nil
+}
+
 // PutIfAbsent implements Store: one transaction that writes value if the
 // key was never created, and otherwise reads what is there.
 func (s *EtcdStore) PutIfAbsent(ctx context.Context, key string, value []byte) ([]byte, error) {

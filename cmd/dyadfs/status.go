@@ -93,11 +93,17 @@ func printStatus(out io.Writer, st *fs.Status) {
 
 	fmt.Fprintln(out, "\nlocator")
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	for _, lv := range []string{"local", "cache", "global"} {
+	for _, lv := range []string{"local", "cache", "home", "global"} {
 		row("  hits "+lv, st.Locator.Hits[lv])
 	}
 	row("  misses", st.Locator.Misses)
 	row("  cached records", st.Locator.Cached)
+	if n := st.Locator.Notices; n != nil {
+		row("  members", n.Members)
+		row("  notices sent / received", fmt.Sprintf("%d / %d (failed %d, passed on %d)", n.Sent, n.Received, n.Failed, n.Pushed))
+		row("  waits woken by a notice", n.WokenBy)
+		row("  waits that also watched the store", n.StoreWaits)
+	}
 	for _, k := range sortedKeys(st.Intent) {
 		row("  missing-name lookups: "+strings.ReplaceAll(k, "_", " "), st.Intent[k])
 	}

@@ -34,6 +34,7 @@ func newTransport(name string, cfg dtl.Config) (dtl.Transport, error) {
 type sharing struct {
 	transport dtl.Transport
 	fetcher   *dtl.Fetcher
+	stop      context.CancelFunc // ends the notices' upkeep
 }
 
 // startSharing starts the data transport serving d's published files,
@@ -61,6 +62,12 @@ func startSharing(ctx context.Context, c *mountConfig, loc *hfl.Locator, d *dmd.
 	if err != nil {
 		return nil, fail(exitUsage, err.Error())
 	}
+	// Notices (hfl/notice.go) travel as the transport's messages, where
+	// it carries them.
+	messenger, notices := t.(dtl.Messenger)
+	if notices {
+		messenger.HandleMessages(loc.HandleMessage)
+	}
 	if err := t.Serve(d); err != nil {
 		return nil, fail(exitTransport, fmt.Sprintf("transport %s on %s: %v (pass another --listen)", c.DTL, cfg.Listen, err))
 	}
@@ -72,6 +79,13 @@ func startSharing(ctx context.Context, c *mountConfig, loc *hfl.Locator, d *dmd.
 		}
 		return nil, fail(exitStore, err.Error())
 	}
+	nctx, stop := context.WithCancel(context.Background())
+	if notices {
+		if err := loc.EnableNotices(nctx, self.Node, messenger, log); err != nil {
+			// Waits still work through the store alone, only slower.
+			log.Warn("notices are off", "err", err)
+		}
+	}
 	f, err := dtl.NewFetcher(dtl.FetcherConfig{
 		Transport:     t,
 		TransportName: c.DTL,
@@ -82,17 +96,19 @@ func startSharing(ctx context.Context, c *mountConfig, loc *hfl.Locator, d *dmd.
 		Log:           log,
 	})
 	if err != nil {
+		stop()
 		t.Close()
 		return nil, fail(exitInternal, err.Error())
 	}
 	d.SetFetcher(f)
 	log.Info("sharing files", "transport", c.DTL, "addr", t.Addr(), "node", c.DMD.Node)
-	return &sharing{transport: t, fetcher: f}, nil
+	return &sharing{transport: t, fetcher: f, stop: stop}, nil
 }
 
 // close stops serving peers.
 func (s *sharing) close() {
 	if s != nil {
+		s.stop()
 		s.transport.Close()
 		s.fetcher.Close()
 	}

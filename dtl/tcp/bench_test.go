@@ -1,16 +1,19 @@
 package tcp
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
 
 	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/dtl/dtltest"
 )
 
 // benchFetch fetches a file of size bytes, each time into a new file, as
@@ -80,3 +83,96 @@ func BenchmarkFetch1MiB(b *testing.B)         { benchFetch(b, 1<<20, false) }
 func BenchmarkFetch256MiB(b *testing.B)       { benchFetch(b, 256<<20, false) }
 func BenchmarkLocalCopy4KiB(b *testing.B)     { benchCopy(b, 4096) }
 func BenchmarkLocalCopy256MiB(b *testing.B)   { benchCopy(b, 256<<20) }
+
+// benchMessage sends messages of size bytes to a handler that answers with
+// as many, on a pooled connection. The baseline, in the same run, is
+// benchPingPong: the same exchange over one bare loopback TCP connection.
+func benchMessage(b *testing.B, size int, parallel bool) {
+	s := newSecret()
+	server, _ := newTransport(b, s, opts{})
+	reply := make([]byte, size)
+	server.HandleMessages(func(ctx context.Context, from string, msg []byte) ([]byte, error) {
+		return reply, nil
+	})
+	if err := server.Serve(dtltest.NewSource(b.TempDir())); err != nil {
+		b.Fatal(err)
+	}
+	client, _ := newTransport(b, s, opts{})
+	msg := make([]byte, size)
+	ctx := context.Background()
+	send := func() {
+		if _, err := client.Message(ctx, server.Addr(), "", msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+	send() // dial outside the measurement
+	b.SetBytes(int64(2 * size))
+	b.ReportAllocs()
+	if parallel {
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				send()
+			}
+		})
+	} else {
+		for b.Loop() {
+			send()
+		}
+	}
+	b.ReportMetric(float64(client.Stats().Dials), "dials")
+}
+
+// benchPingPong is the floor under benchMessage: a size-byte request and a
+// size-byte answer, each a 5-byte header and its payload in one write,
+// over a bare loopback connection.
+func benchPingPong(b *testing.B, size int) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReaderSize(c, bufSize)
+		var buf []byte
+		out := appendReply(nil, make([]byte, size))
+		for {
+			if _, _, err := readFrame(br, &buf); err != nil {
+				return
+			}
+			if _, err := c.Write(out); err != nil {
+				return
+			}
+		}
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReaderSize(c, bufSize)
+	var buf []byte
+	out := appendMsg(nil, make([]byte, size))
+	b.SetBytes(int64(2 * size))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := c.Write(out); err != nil {
+			b.Fatal(err)
+		}
+		if _, _, err := readFrame(br, &buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkMessage64(b *testing.B)         { benchMessage(b, 64, false) }
+func BenchmarkMessage64Parallel(b *testing.B) { benchMessage(b, 64, true) }
+func BenchmarkMessage4KiB(b *testing.B)       { benchMessage(b, 4096, false) }
+func BenchmarkMessageMax(b *testing.B)        { benchMessage(b, dtl.MaxMessage, false) }
+func BenchmarkPingPong64(b *testing.B)        { benchPingPong(b, 64) }
+func BenchmarkPingPong4KiB(b *testing.B)      { benchPingPong(b, 4096) }
+func BenchmarkPingPongMax(b *testing.B)       { benchPingPong(b, dtl.MaxMessage) }

@@ -14,8 +14,8 @@ import (
 	"github.com/dyadfs/dyadfs/dtl"
 )
 
-// clientConn is an authenticated connection to one server. A Fetch owns it
-// while it is in t.active; otherwise it waits in t.idle.
+// clientConn is an authenticated connection to one server. A Fetch or a
+// Message owns it while it is in t.active; otherwise it waits in t.idle.
 type clientConn struct {
 	conn  *net.TCPConn
 	addr  string
@@ -24,9 +24,10 @@ type clientConn struct {
 	buf   []byte // frame payloads
 	out   []byte // frames being encoded
 	since time.Time
+	kill  func() // closes conn (a cancelled context calls it)
 }
 
-// enter counts a Fetch in, unless the transport is closed.
+// enter counts a Fetch or a Message in, unless the transport is closed.
 func (t *Transport) enter() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -48,76 +49,144 @@ func (t *Transport) Fetch(ctx context.Context, addr string, req dtl.Request, dst
 	if len(req.Path) > maxPath {
 		return dtl.FileInfo{}, fmt.Errorf("tcp transport: path of %d bytes is longer than any file name (%d): %w", len(req.Path), maxPath, dtl.ErrNotFound)
 	}
-	if err := t.enter(); err != nil {
+	var info dtl.FileInfo
+	what := func() string { return "fetch " + req.Path + " from " + addr }
+	err := t.call(ctx, addr, req.Owner, what, func(cc *clientConn) (keep, stale bool, err error) {
+		info, keep, stale, err = t.receive(cc, req, dst)
+		return keep, stale, err
+	})
+	if err != nil {
 		return dtl.FileInfo{}, err
+	}
+	t.stats.bytesRecv.Add(info.Size)
+	return info, nil
+}
+
+// Message sends msg to the daemon at addr and returns its reply (see
+// dtl.Messenger). It goes on the connections Fetch uses, and like Fetch
+// takes an idle one to addr if there is one and retries once on a new one
+// if that turns out to have been closed by the server before it answered.
+func (t *Transport) Message(ctx context.Context, addr, node string, msg []byte) ([]byte, error) {
+	if len(msg) > dtl.MaxMessage {
+		return nil, fmt.Errorf("tcp transport: message of %d bytes to %s exceeds the %d-byte limit", len(msg), addr, dtl.MaxMessage)
+	}
+	var reply []byte
+	what := func() string { return "message to " + addr }
+	err := t.call(ctx, addr, node, what, func(cc *clientConn) (keep, stale bool, err error) {
+		reply, keep, stale, err = t.roundTrip(cc, msg)
+		return keep, stale, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	t.stats.messages.Add(1)
+	return reply, nil
+}
+
+// call runs one exchange with the server at addr: it takes a connection
+// (pooled or new), checks that node (if not empty) answers there, and runs
+// exchange on it, which reports whether the connection is still in step
+// with the server and may be pooled again (keep), and whether it failed
+// before any answer arrived, as a connection the server has closed does
+// (stale). A stale pooled connection is replaced once. A cancelled ctx
+// closes the connection, which ends whatever read or write exchange is
+// blocked in at once. what names the exchange in errors.
+func (t *Transport) call(ctx context.Context, addr, node string, what func() string, exchange func(cc *clientConn) (keep, stale bool, err error)) error {
+	if err := t.enter(); err != nil {
+		return err
 	}
 	defer t.wg.Done()
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
-			return dtl.FileInfo{}, fmt.Errorf("tcp transport: fetch %s from %s: %w", req.Path, addr, err)
+			return fmt.Errorf("tcp transport: %s: %w", what(), err)
 		}
 		cc, reused, err := t.conn(ctx, addr, attempt == 0)
 		if err != nil {
-			return dtl.FileInfo{}, err
+			return err
 		}
-		if req.Owner != "" && cc.node != req.Owner {
-			// The owner moved (it restarted elsewhere) and another daemon
-			// took its address.
+		if node != "" && cc.node != node {
+			// The node moved (it restarted elsewhere) and another
+			// daemon took its address.
 			t.release(cc)
-			return dtl.FileInfo{}, fmt.Errorf("tcp transport: %w: %s answers as node %q, not %q", dtl.ErrUnavailable, addr, cc.node, req.Owner)
+			return fmt.Errorf("tcp transport: %w: %s answers as node %q, not %q", dtl.ErrUnavailable, addr, cc.node, node)
 		}
-		info, keep, stale, err := t.exchange(ctx, cc, req, dst)
+		stop := cc.watch(ctx)
+		keep, stale, err := exchange(cc)
+		if !stop() {
+			keep, stale = false, false
+			if err != nil {
+				err = fmt.Errorf("tcp transport: %s: %w", what(), ctx.Err())
+			}
+		} else if err != nil {
+			var re *dtl.RemoteError
+			switch {
+			case t.isClosed():
+				keep, stale = false, false
+				err = fmt.Errorf("tcp transport: %s: transport closed: %w", what(), net.ErrClosed)
+			case errors.As(err, &re):
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				err = fmt.Errorf("tcp transport: %s: stalled, no progress for %v: %w", what(), t.cfg.StallTimeout, err)
+			default:
+				err = fmt.Errorf("tcp transport: %s: %w", what(), err)
+			}
+		}
 		if keep {
 			t.release(cc)
 		} else {
 			t.discard(cc)
 		}
 		if err == nil {
-			t.stats.bytesRecv.Add(info.Size)
-			return info, nil
+			return nil
 		}
 		if stale && reused && attempt == 0 {
 			t.stats.retried.Add(1)
 			t.log.Debug("pooled connection was closed by the server; retrying on a new one", "addr", addr, "err", err)
 			continue
 		}
-		// The caller (dtl.Fetcher) logs failures with what it knows
-		// of the file; this line is for debugging the transport.
-		t.log.Debug("fetch failed", "addr", addr, "path", req.Path, "err", err)
-		return dtl.FileInfo{}, err
+		// The caller (dtl.Fetcher, the locator) logs failures with what
+		// it knows; this line is for debugging the transport.
+		t.log.Debug("request failed", "addr", addr, "what", what(), "err", err)
+		return err
 	}
 }
 
-// exchange sends one request on cc and receives the answer into dst. keep
-// reports whether cc is still in step with the server and may be reused;
-// stale, that it failed before any answer arrived, as a connection the
-// server has closed does.
-func (t *Transport) exchange(ctx context.Context, cc *clientConn, req dtl.Request, dst *os.File) (info dtl.FileInfo, keep, stale bool, err error) {
-	// A cancelled ctx closes the connection, which ends whatever read or
-	// write it is blocked in at once.
-	stop := context.AfterFunc(ctx, func() { cc.conn.Close() })
-	info, keep, stale, err = t.receive(cc, req, dst)
-	if !stop() {
-		keep, stale = false, false
-		if err != nil {
-			err = fmt.Errorf("tcp transport: fetch %s from %s: %w", req.Path, cc.addr, ctx.Err())
-		}
-		return info, keep, stale, err
+// watch makes a cancelled ctx close cc's connection. stop reports false if
+// that happened (or is under way), as context.AfterFunc's stop does.
+func (cc *clientConn) watch(ctx context.Context) (stop func() bool) {
+	if ctx.Done() == nil {
+		return neverCancelled // context.Background and the like: nothing to watch
 	}
+	return context.AfterFunc(ctx, cc.kill)
+}
+
+func neverCancelled() bool { return true }
+
+// roundTrip sends msg on cc and reads the reply: one write and, for a
+// reply that arrives whole, one read. The reply is read into a slice of
+// its own, which the caller keeps.
+func (t *Transport) roundTrip(cc *clientConn, msg []byte) (reply []byte, keep, stale bool, err error) {
+	cc.conn.SetDeadline(time.Now().Add(t.cfg.StallTimeout))
+	cc.out = appendMsg(cc.out[:0], msg)
+	if _, err := cc.conn.Write(cc.out); err != nil {
+		return nil, false, connGone(err), err
+	}
+	typ, p, err := readFrameOwned(cc.br, &cc.buf, tReply)
 	if err != nil {
-		if t.isClosed() {
-			err = fmt.Errorf("tcp transport: fetch %s from %s: transport closed: %w", req.Path, cc.addr, net.ErrClosed)
-			return info, false, false, err
-		}
-		var re *dtl.RemoteError
-		if !errors.As(err, &re) {
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				err = fmt.Errorf("stalled, no progress for %v: %w", t.cfg.StallTimeout, err)
-			}
-			err = fmt.Errorf("tcp transport: fetch %s from %s: %w", req.Path, cc.addr, err)
-		}
+		return nil, false, connGone(err), err
 	}
-	return info, keep, stale, err
+	switch typ {
+	case tReply:
+	case tError:
+		keep, err := refusal(p)
+		return nil, keep, false, err
+	default:
+		return nil, false, false, protoErr("%v frame where a reply was expected", typ)
+	}
+	if p, err = decodeReply(p); err != nil {
+		return nil, false, false, err
+	}
+	// Anything after the end of a reply is out of step.
+	return p, cc.br.Buffered() == 0, false, nil
 }
 
 func (t *Transport) receive(cc *clientConn, req dtl.Request, dst *os.File) (info dtl.FileInfo, keep, stale bool, err error) {
@@ -243,7 +312,7 @@ func refusal(p []byte) (keep bool, err error) {
 		// may help.
 		return true, fmt.Errorf("server failed: %s", e.Msg)
 	case codeVersion:
-		return false, protoErr("server speaks versions %v, not %d: %s", e.Versions, version1, e.Msg)
+		return false, protoErr("server speaks versions %v, not %d: %s", e.Versions, protoVersion, e.Msg)
 	case codeProtocol:
 		return false, protoErr("server says: %s", e.Msg)
 	}
@@ -286,12 +355,11 @@ func (t *Transport) takeIdle(addr string) *clientConn {
 		}
 		return nil
 	}
+	// An emptied list stays, so that release does not allocate a new
+	// one each time the only connection to a peer comes back (one entry
+	// per peer address: as many as the job has daemons).
 	list[len(list)-1] = nil
-	if list = list[:len(list)-1]; len(list) == 0 {
-		delete(t.idle, addr)
-	} else {
-		t.idle[addr] = list
-	}
+	t.idle[addr] = list[:len(list)-1]
 	t.nIdle--
 	t.active[cc] = struct{}{}
 	t.mu.Unlock()
@@ -344,7 +412,7 @@ func (t *Transport) dial(ctx context.Context, addr string) (*clientConn, error) 
 		}
 		return nil, fmt.Errorf("tcp transport: %w: %w", dtl.ErrUnavailable, err)
 	}
-	cc := &clientConn{conn: c.(*net.TCPConn), addr: addr, br: bufio.NewReaderSize(c, bufSize)}
+	cc := &clientConn{conn: c.(*net.TCPConn), addr: addr, br: bufio.NewReaderSize(c, bufSize), kill: func() { c.Close() }}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -381,7 +449,7 @@ func (t *Transport) handshake(cc *clientConn) error {
 		return fmt.Errorf("tcp transport: %w: handshake with %s: %w", dtl.ErrUnavailable, addr, err)
 	}
 	cc.conn.SetDeadline(time.Now().Add(t.cfg.DialTimeout))
-	h := hello{Version: version1, Nonce: newNonce(), Node: t.cfg.Node}
+	h := hello{Version: protoVersion, Nonce: newNonce(), Node: t.cfg.Node}
 	cc.out = appendHello(cc.out[:0], h)
 	if _, err := cc.conn.Write(cc.out); err != nil {
 		return unavailable(err)
@@ -402,12 +470,13 @@ func (t *Transport) handshake(cc *clientConn) error {
 	if err != nil {
 		return unavailable(err)
 	}
-	if !validMAC(t.cfg.Secret, labelServer, h.Nonce, ch.Nonce, ch.MAC) {
+	pr := proof{clientNonce: h.Nonce, serverNonce: ch.Nonce, clientNode: h.Node, serverNode: ch.Node}
+	if !validMAC(t.cfg.Secret, labelServer, pr, ch.MAC) {
 		t.log.Warn("refused server: it does not hold this job's secret", "addr", addr, "node", ch.Node)
 		return fmt.Errorf("tcp transport: %s: %w", addr, &dtl.RemoteError{Err: dtl.ErrUnauthorized, Msg: fmt.Sprintf("server %q could not prove it holds this job's secret", ch.Node)})
 	}
 	cc.node = ch.Node
-	cc.out = appendAuth(cc.out[:0], authMsg{MAC: mac(t.cfg.Secret, labelClient, h.Nonce, ch.Nonce)})
+	cc.out = appendAuth(cc.out[:0], authMsg{MAC: mac(t.cfg.Secret, labelClient, pr)})
 	if _, err := cc.conn.Write(cc.out); err != nil {
 		return unavailable(err)
 	}

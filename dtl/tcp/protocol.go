@@ -29,7 +29,10 @@ import (
 //	C→S auth       client MAC [32]
 //	S→C ready      (empty)
 //
-// Requests, any number, one at a time, on an authenticated connection:
+// Both MACs cover both nonces and both node names (see auth.go).
+//
+// Requests, any number, one at a time, on an authenticated connection,
+// either a file:
 //
 //	C→S get        generation u64, path u16-string
 //	S→C error      code u16, versions u8-count + u16 each, message u16-string
@@ -38,16 +41,29 @@ import (
 //	S→C chunk      offset u64, length u32, then length bytes    (repeated)
 //	S→C end        total u64: the sum of the chunk lengths
 //
+// or a message (version 2 on):
+//
+//	C→S msg        the message: the whole payload, at most dtl.MaxMessage
+//	S→C reply      the reply: the whole payload, at most dtl.MaxMessage
+//	or
+//	S→C error      as above (codeRefused, or the code of a dtl error)
+//
 // The magic and the version come first in the hello of every version, so
 // that a server can always tell a client of another version and answer it
 // with an error frame (codeVersion) that lists the versions it speaks. A
-// refusal of a request (error frame in place of a header) leaves the
-// connection usable; any other error frame, and any failure in the middle
-// of a reply, ends the connection.
+// refusal of a request (error frame in place of a header or a reply)
+// leaves the connection usable; any other error frame, and any failure in
+// the middle of a reply, ends the connection. A msg or reply longer than
+// dtl.MaxMessage breaks the protocol, as any frame longer than maxFrame
+// does.
+//
+// Version 1 had no msg and reply, and its MACs did not cover the node
+// names; a peer of version 1 gets the version error.
 const (
-	magic       = "dyadfs-dtl"
-	version1    = uint16(1)
-	frameHeader = 5
+	magic = "dyadfs-dtl"
+	// protoVersion is the version this package speaks.
+	protoVersion = uint16(2)
+	frameHeader  = 5
 	// maxFrame bounds every frame's payload: a peer announcing more
 	// breaks the protocol.
 	maxFrame = 64 << 10
@@ -64,7 +80,7 @@ const (
 )
 
 // versions are the protocol versions this package speaks.
-var versions = []uint16{version1}
+var versions = []uint16{protoVersion}
 
 type frameType uint8
 
@@ -78,10 +94,12 @@ const (
 	tChunk
 	tEnd
 	tError
+	tMsg
+	tReply
 )
 
 func (t frameType) String() string {
-	names := [...]string{"", "hello", "challenge", "auth", "ready", "get", "header", "chunk", "end", "error"}
+	names := [...]string{"", "hello", "challenge", "auth", "ready", "get", "header", "chunk", "end", "error", "msg", "reply"}
 	if int(t) < len(names) && t != 0 {
 		return names[t]
 	}
@@ -98,6 +116,7 @@ const (
 	codeVersion      = uint16(6) // the hello's version is not spoken
 	codeProtocol     = uint16(7) // the peer broke the protocol
 	codeInternal     = uint16(8) // the server failed (I/O error opening the file, ...)
+	codeRefused      = uint16(9) // a message's handler failed, or there is none (dtl.ErrRefused)
 )
 
 // refusals maps the codes that stand for a dtl error.
@@ -107,6 +126,7 @@ var refusals = map[uint16]error{
 	codeBusy:         dtl.ErrBusy,
 	codeOutside:      dtl.ErrOutside,
 	codeUnauthorized: dtl.ErrUnauthorized,
+	codeRefused:      dtl.ErrRefused,
 }
 
 // codeOf is the error code a Source error is reported with.
@@ -252,6 +272,18 @@ func appendEnd(b []byte, total int64) []byte {
 	return endFrame(b, s)
 }
 
+// appendMsg and appendReply copy m into the frame; m must not be longer
+// than dtl.MaxMessage.
+func appendMsg(b []byte, m []byte) []byte {
+	b, s := beginFrame(b, tMsg)
+	return endFrame(append(b, m...), s)
+}
+
+func appendReply(b []byte, m []byte) []byte {
+	b, s := beginFrame(b, tReply)
+	return endFrame(append(b, m...), s)
+}
+
 func appendError(b []byte, e errFrame) []byte {
 	b, s := beginFrame(b, tError)
 	b = binary.BigEndian.AppendUint16(b, e.Code)
@@ -276,6 +308,13 @@ func appendError(b []byte, e errFrame) []byte {
 // call. A frame announcing more than maxFrame is refused before anything
 // is allocated for it.
 func readFrame(r *bufio.Reader, buf *[]byte) (frameType, []byte, error) {
+	return readFrameOwned(r, buf, 0)
+}
+
+// readFrameOwned is readFrame, except that the payload of a frame of type
+// owned is read into a new slice of its size, which the caller keeps
+// (rather than into *buf and copied from there).
+func readFrameOwned(r *bufio.Reader, buf *[]byte, owned frameType) (frameType, []byte, error) {
 	hdr, err := r.Peek(frameHeader)
 	if err != nil {
 		if len(hdr) > 0 && err == io.EOF {
@@ -289,10 +328,15 @@ func readFrame(r *bufio.Reader, buf *[]byte) (frameType, []byte, error) {
 		return 0, nil, protoErr("%v frame of %d bytes exceeds the %d-byte limit", t, n, maxFrame)
 	}
 	r.Discard(frameHeader)
-	if cap(*buf) < int(n) {
-		*buf = make([]byte, n, max(int(n), 512))
+	var p []byte
+	if owned != 0 && t == owned {
+		p = make([]byte, n)
+	} else {
+		if cap(*buf) < int(n) {
+			*buf = make([]byte, n, max(int(n), 512))
+		}
+		p = (*buf)[:n]
 	}
-	p := (*buf)[:n]
 	if _, err := io.ReadFull(r, p); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
@@ -374,7 +418,7 @@ func decodeHello(p []byte) (hello, error) {
 	}
 	var h hello
 	h.Version = d.u16()
-	if d.err == nil && h.Version != version1 {
+	if d.err == nil && h.Version != protoVersion {
 		return hello{}, errVersion{h.Version}
 	}
 	copy(h.Nonce[:], d.take(nonceLen))
@@ -401,7 +445,25 @@ func decodeGet(p []byte) (getReq, error) {
 	return g, d.finish(tGet)
 }
 
+// decodeMsg returns the message a msg frame carries: the payload itself,
+// valid as long as p is.
+func decodeMsg(p []byte) ([]byte, error) {
+	if len(p) > dtl.MaxMessage {
+		return nil, protoErr("msg of %d bytes exceeds the %d-byte limit", len(p), dtl.MaxMessage)
+	}
+	return p, nil
+}
+
 // Decoders of the server's messages (what a client reads).
+
+// decodeReply returns the reply a reply frame carries: the payload
+// itself, valid as long as p is.
+func decodeReply(p []byte) ([]byte, error) {
+	if len(p) > dtl.MaxMessage {
+		return nil, protoErr("reply of %d bytes exceeds the %d-byte limit", len(p), dtl.MaxMessage)
+	}
+	return p, nil
+}
 
 func decodeChallenge(p []byte) (challenge, error) {
 	d := decoder{b: p}
@@ -413,8 +475,8 @@ func decodeChallenge(p []byte) (challenge, error) {
 	if err := d.finish(tChallenge); err != nil {
 		return challenge{}, err
 	}
-	if c.Version != version1 {
-		return challenge{}, protoErr("server answered with version %d to a version %d hello", c.Version, version1)
+	if c.Version != protoVersion {
+		return challenge{}, protoErr("server answered with version %d to a version %d hello", c.Version, protoVersion)
 	}
 	return c, nil
 }

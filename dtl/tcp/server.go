@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -34,7 +35,7 @@ type serverConn struct {
 	out    []byte // frames being encoded
 	data   []byte // small chunks and non-regular files
 	remote string
-	node   string // the peer's node id, as it claims in its hello
+	node   string // the peer's node id, as it claims in its hello (bound by its MAC)
 
 	mu      sync.Mutex
 	file    *os.File // the file being sent
@@ -156,16 +157,27 @@ func (sc *serverConn) serve(src dtl.Source) {
 			}
 			return // the peer left, went idle too long, or we are closing
 		}
-		if typ != tGet {
+		var ok bool
+		switch typ {
+		case tGet:
+			req, err := decodeGet(p)
+			if err != nil {
+				sc.refuse(codeProtocol, nil, err.Error())
+				return
+			}
+			ok = sc.answer(src, req)
+		case tMsg:
+			msg, err := decodeMsg(p)
+			if err != nil {
+				sc.refuse(codeProtocol, nil, err.Error())
+				return
+			}
+			ok = sc.answerMessage(msg)
+		default:
 			sc.refuse(codeProtocol, nil, fmt.Sprintf("%v frame where a request was expected", typ))
 			return
 		}
-		req, err := decodeGet(p)
-		if err != nil {
-			sc.refuse(codeProtocol, nil, err.Error())
-			return
-		}
-		if !sc.answer(src, req) {
+		if !ok {
 			return
 		}
 	}
@@ -201,8 +213,9 @@ func (sc *serverConn) handshake() bool {
 		return false
 	}
 	sc.node = h.Node
-	ch := challenge{Version: version1, Nonce: newNonce(), Node: t.cfg.Node}
-	ch.MAC = mac(t.cfg.Secret, labelServer, h.Nonce, ch.Nonce)
+	ch := challenge{Version: protoVersion, Nonce: newNonce(), Node: t.cfg.Node}
+	pr := proof{clientNonce: h.Nonce, serverNonce: ch.Nonce, clientNode: h.Node, serverNode: ch.Node}
+	ch.MAC = mac(t.cfg.Secret, labelServer, pr)
 	if err := sc.send(appendChallenge(sc.out[:0], ch)); err != nil {
 		return false
 	}
@@ -226,7 +239,7 @@ func (sc *serverConn) handshake() bool {
 		sc.refuse(codeProtocol, nil, err.Error())
 		return false
 	}
-	if !validMAC(t.cfg.Secret, labelClient, h.Nonce, ch.Nonce, a.MAC) {
+	if !validMAC(t.cfg.Secret, labelClient, pr, a.MAC) {
 		sc.refuse(codeUnauthorized, nil, "the peer does not hold this job's secret")
 		return false
 	}
@@ -305,6 +318,49 @@ func (sc *serverConn) refuseRequest(req getReq, code uint16, err error) bool {
 	t.stats.refused.Add(1)
 	t.log.Info("refused request", "peer", sc.remote, "node", sc.node, "path", req.Path, "gen", req.Generation, "err", err)
 	return sc.send(appendError(sc.out[:0], errFrame{Code: code, Msg: err.Error()})) == nil
+}
+
+// answerMessage answers one message with the handler's reply, or refuses
+// it. It reports whether the connection can carry the next request: a
+// refusal leaves it usable. The reply goes out in one write, straight to
+// the socket (the buffered writer is empty between requests).
+func (sc *serverConn) answerMessage(msg []byte) bool {
+	t := sc.t
+	h := t.handler.Load()
+	if h == nil {
+		return sc.refuseMessage(codeRefused, fmt.Sprintf("node %q handles no messages", t.cfg.Node), slog.LevelInfo)
+	}
+	reply, err := (*h)(t.ctx, sc.node, msg)
+	if t.ctx.Err() != nil {
+		return false // closing: the peer sees the connection end
+	}
+	if err != nil {
+		code := codeOf(err)
+		if code == codeInternal {
+			code = codeRefused
+		}
+		return sc.refuseMessage(code, err.Error(), slog.LevelDebug)
+	}
+	if len(reply) > dtl.MaxMessage {
+		return sc.refuseMessage(codeRefused, fmt.Sprintf("the handler's reply of %d bytes exceeds the %d-byte limit", len(reply), dtl.MaxMessage), slog.LevelWarn)
+	}
+	sc.out = appendReply(sc.out[:0], reply)
+	sc.conn.SetWriteDeadline(time.Now().Add(t.cfg.StallTimeout))
+	if _, err := sc.conn.Write(sc.out); err != nil {
+		t.log.Debug("reply not sent", "peer", sc.remote, "node", sc.node, "err", err)
+		return false
+	}
+	t.stats.answered.Add(1)
+	return true
+}
+
+// refuseMessage answers a message with an error frame, logged at level; the
+// connection stays usable.
+func (sc *serverConn) refuseMessage(code uint16, reason string, level slog.Level) bool {
+	t := sc.t
+	t.stats.refused.Add(1)
+	t.log.Log(t.ctx, level, "refused message", "peer", sc.remote, "node", sc.node, "reason", reason)
+	return sc.send(appendError(sc.out[:0], errFrame{Code: code, Msg: reason})) == nil
 }
 
 // checkPath refuses, before the Source sees it, any path that is not a

@@ -1,5 +1,6 @@
 // Package tcp is dyadfs's TCP data transport (--dtl tcp), built on the
-// standard library alone.
+// standard library alone. Besides files it carries daemons' small messages
+// (dtl.Messenger) on the same connections.
 //
 // A consumer's daemon keeps a few authenticated connections to each owner
 // it fetches from and sends one request at a time on each; an owner answers
@@ -56,18 +57,24 @@ var errClosed = fmt.Errorf("tcp transport: %w", net.ErrClosed)
 // Stats counts what a Transport did. All counters only grow.
 type Stats struct {
 	Dials     int64 // connections a client opened (handshake done)
-	Reused    int64 // fetches that went out on a pooled connection
-	Retried   int64 // fetches retried because a pooled connection had gone stale
+	Reused    int64 // fetches and messages that went out on a pooled connection
+	Retried   int64 // fetches and messages retried because a pooled connection had gone stale
 	Accepts   int64 // connections a server accepted
 	Served    int64 // files a server sent completely
-	Refused   int64 // requests and peers a server refused
+	Refused   int64 // requests, messages and peers a server refused
 	BytesSent int64 // data bytes a server sent
 	BytesRecv int64 // data bytes a client received
+	Messages  int64 // messages a client sent and had a reply to
+	Answered  int64 // messages a server's handler answered
 }
 
 type counters struct {
 	dials, reused, retried, accepts, served, refused, bytesSent, bytesRecv atomic.Int64
+	messages, answered                                                     atomic.Int64
 }
+
+// handlerFunc answers peers' messages (see dtl.Messenger.HandleMessages).
+type handlerFunc = func(ctx context.Context, from string, msg []byte) ([]byte, error)
 
 // Transport is the TCP backend of dtl.Transport. It serves and fetches;
 // one value does both for a daemon.
@@ -79,7 +86,8 @@ type Transport struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	// wg counts the accept loop, connection goroutines and Fetch calls;
+	// wg counts the accept loop, connection goroutines, Fetch and Message
+	// calls;
 	// Close waits for them all.
 	wg sync.WaitGroup
 
@@ -95,6 +103,9 @@ type Transport struct {
 	idle        map[string][]*clientConn // pooled client connections, oldest first
 	nIdle       int
 
+	// handler answers messages; nil until HandleMessages.
+	handler atomic.Pointer[handlerFunc]
+
 	stats counters
 
 	// serverIdle is how long a server waits for the next request (tests
@@ -102,7 +113,10 @@ type Transport struct {
 	serverIdle time.Duration
 }
 
-var _ dtl.Transport = (*Transport)(nil)
+var (
+	_ dtl.Transport = (*Transport)(nil)
+	_ dtl.Messenger = (*Transport)(nil)
+)
 
 // maxHandshaking bounds the connections authenticating at once.
 const maxHandshaking = 256
@@ -111,6 +125,9 @@ const maxHandshaking = 256
 func New(cfg dtl.Config) (*Transport, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if len(cfg.Node) > maxNode {
+		return nil, fmt.Errorf("tcp transport: node id of %d bytes is longer than the %d the protocol carries", len(cfg.Node), maxNode)
 	}
 	cfg.Secret = append([]byte(nil), cfg.Secret...)
 	log := cfg.Log
@@ -164,6 +181,18 @@ func (t *Transport) Serve(src dtl.Source) error {
 	return nil
 }
 
+// HandleMessages sets the function that answers peers' messages (see
+// dtl.Messenger). It is meant to be called before Serve; a later call
+// takes effect for the messages that arrive after it, and until a handler
+// is set, messages are refused (dtl.ErrRefused).
+func (t *Transport) HandleMessages(h func(ctx context.Context, from string, msg []byte) ([]byte, error)) {
+	if h == nil {
+		t.handler.Store(nil)
+		return
+	}
+	t.handler.Store(&h)
+}
+
 // Addr is the address peers reach Serve at: cfg.Advertise if set, else the
 // listening address, with the port the system chose for ":0" and, for an
 // unspecified host, the machine's first non-loopback IPv4 address.
@@ -180,12 +209,14 @@ func (t *Transport) Stats() Stats {
 		Dials: s.dials.Load(), Reused: s.reused.Load(), Retried: s.retried.Load(),
 		Accepts: s.accepts.Load(), Served: s.served.Load(), Refused: s.refused.Load(),
 		BytesSent: s.bytesSent.Load(), BytesRecv: s.bytesRecv.Load(),
+		Messages: s.messages.Load(), Answered: s.answered.Load(),
 	}
 }
 
 // Close stops listening, closes idle connections, ends the transfers in
 // progress in both directions and waits until every goroutine of the
-// transport, and every Fetch, has returned. It may be called more than once.
+// transport (message handlers included), and every Fetch and Message, has
+// returned. It may be called more than once.
 func (t *Transport) Close() error {
 	t.mu.Lock()
 	if t.closed {

@@ -45,6 +45,7 @@ func newSecret() []byte {
 }
 
 type opts struct {
+	node        string // default: "node-" and the test's name
 	stall, dial time.Duration
 	listen      string
 	advertise   string
@@ -56,6 +57,9 @@ func newTransport(t testing.TB, secret []byte, o opts) (*Transport, *logBuf) {
 	t.Helper()
 	cfg := dtl.DefaultConfig()
 	cfg.Node = "node-" + t.Name()
+	if o.node != "" {
+		cfg.Node = o.node
+	}
 	cfg.Listen = "127.0.0.1:0"
 	if o.listen != "" {
 		cfg.Listen = o.listen

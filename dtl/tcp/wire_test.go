@@ -73,7 +73,7 @@ func (r *rawConn) expectEOF() {
 // authenticate runs the client's handshake by hand.
 func (r *rawConn) authenticate(secret []byte) {
 	r.t.Helper()
-	h := hello{Version: version1, Nonce: newNonce(), Node: "raw"}
+	h := hello{Version: protoVersion, Nonce: newNonce(), Node: "raw"}
 	r.write(appendHello(nil, h))
 	typ, p, err := r.read()
 	if err != nil || typ != tChallenge {
@@ -83,7 +83,8 @@ func (r *rawConn) authenticate(secret []byte) {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	r.write(appendAuth(nil, authMsg{MAC: mac(secret, labelClient, h.Nonce, ch.Nonce)}))
+	pr := proof{clientNonce: h.Nonce, serverNonce: ch.Nonce, clientNode: h.Node, serverNode: ch.Node}
+	r.write(appendAuth(nil, authMsg{MAC: mac(secret, labelClient, pr)}))
 	if typ, _, err := r.read(); err != nil || typ != tReady {
 		r.t.Fatalf("got %v %v, want ready", typ, err)
 	}
@@ -114,13 +115,22 @@ func TestRawClients(t *testing.T) {
 		r := rawDial(t, addr)
 		r.write(helloWith(magic, 99))
 		e := r.expectError(codeVersion)
-		if len(e.Versions) != 1 || e.Versions[0] != version1 || !strings.Contains(e.Msg, "99") {
+		if len(e.Versions) != 1 || e.Versions[0] != protoVersion || !strings.Contains(e.Msg, "99") {
 			t.Errorf("version error %+v does not name the versions spoken", e)
+		}
+	})
+	t.Run("Version1", func(t *testing.T) {
+		// A version 1 peer (no messages, MACs without node ids).
+		r := rawDial(t, addr)
+		r.write(helloWith(magic, 1))
+		e := r.expectError(codeVersion)
+		if len(e.Versions) != 1 || e.Versions[0] != 2 {
+			t.Errorf("version error %+v does not name version 2", e)
 		}
 	})
 	t.Run("WrongMagic", func(t *testing.T) {
 		r := rawDial(t, addr)
-		r.write(helloWith("dyadfs-xxx", version1))
+		r.write(helloWith("dyadfs-xxx", protoVersion))
 		r.expectError(codeProtocol)
 	})
 	t.Run("HTTP", func(t *testing.T) {
@@ -142,14 +152,14 @@ func TestRawClients(t *testing.T) {
 	})
 	t.Run("TruncatedHello", func(t *testing.T) {
 		r := rawDial(t, addr)
-		b := helloWith(magic, version1)
+		b := helloWith(magic, protoVersion)
 		r.write(b[:20])
 		r.conn.(*net.TCPConn).CloseWrite()
 		r.expectEOF()
 	})
 	t.Run("HelloTooShort", func(t *testing.T) {
 		r := rawDial(t, addr)
-		r.write(frame(tHello, []byte(magic+"\x00\x01short")))
+		r.write(frame(tHello, []byte(magic+"\x00\x02short")))
 		r.expectError(codeProtocol)
 	})
 	t.Run("GetWithoutHandshake", func(t *testing.T) {
@@ -159,7 +169,7 @@ func TestRawClients(t *testing.T) {
 	})
 	t.Run("GetWithoutAuth", func(t *testing.T) {
 		r := rawDial(t, addr)
-		r.write(appendHello(nil, hello{Version: version1, Nonce: newNonce()}))
+		r.write(appendHello(nil, hello{Version: protoVersion, Nonce: newNonce()}))
 		if typ, _, err := r.read(); typ != tChallenge || err != nil {
 			t.Fatalf("got %v %v, want a challenge", typ, err)
 		}
@@ -168,17 +178,41 @@ func TestRawClients(t *testing.T) {
 	})
 	t.Run("WrongMAC", func(t *testing.T) {
 		r := rawDial(t, addr)
-		r.write(appendHello(nil, hello{Version: version1, Nonce: newNonce()}))
+		r.write(appendHello(nil, hello{Version: protoVersion, Nonce: newNonce()}))
 		if typ, _, err := r.read(); typ != tChallenge || err != nil {
 			t.Fatalf("got %v %v, want a challenge", typ, err)
 		}
 		r.write(appendAuth(nil, authMsg{}))
 		r.expectError(codeUnauthorized)
 	})
+	t.Run("MsgWithoutAuth", func(t *testing.T) {
+		r := rawDial(t, addr)
+		r.write(appendHello(nil, hello{Version: protoVersion, Nonce: newNonce()}))
+		if typ, _, err := r.read(); typ != tChallenge || err != nil {
+			t.Fatalf("got %v %v, want a challenge", typ, err)
+		}
+		r.write(appendMsg(nil, []byte("hi")))
+		r.expectError(codeProtocol)
+	})
+	t.Run("MACForAnotherNode", func(t *testing.T) {
+		// A client's proof covers the node id of its hello: a proof
+		// made for another id is refused.
+		r := rawDial(t, addr)
+		h := hello{Version: protoVersion, Nonce: newNonce(), Node: "raw"}
+		r.write(appendHello(nil, h))
+		_, p, _ := r.read()
+		ch, err := decodeChallenge(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pr := proof{clientNonce: h.Nonce, serverNonce: ch.Nonce, clientNode: "other", serverNode: ch.Node}
+		r.write(appendAuth(nil, authMsg{MAC: mac(secret, labelClient, pr)}))
+		r.expectError(codeUnauthorized)
+	})
 	t.Run("ReplayedServerMAC", func(t *testing.T) {
 		// The server's own proof is no proof for a client.
 		r := rawDial(t, addr)
-		h := hello{Version: version1, Nonce: newNonce()}
+		h := hello{Version: protoVersion, Nonce: newNonce()}
 		r.write(appendHello(nil, h))
 		_, p, _ := r.read()
 		ch, err := decodeChallenge(p)
@@ -199,8 +233,8 @@ func TestRawClients(t *testing.T) {
 	if n := src.Calls(); n != 0 {
 		t.Errorf("the Source was called %d times by unauthenticated peers", n)
 	}
-	if n := strings.Count(lg.String(), "refused peer"); n != 10 {
-		t.Errorf("%d refusals logged, want 10:\n%s", n, lg)
+	if n := strings.Count(lg.String(), "refused peer"); n != 13 {
+		t.Errorf("%d refusals logged, want 13:\n%s", n, lg)
 	}
 
 	t.Run("AuthenticatedBadRequests", func(t *testing.T) {
@@ -241,12 +275,39 @@ func TestRawClients(t *testing.T) {
 		r.write(endFrame(b, s))
 		r.expectError(codeProtocol)
 	})
+	t.Run("OversizedMsg", func(t *testing.T) {
+		// A message longer than dtl.MaxMessage is a protocol error,
+		// though it fits in a frame.
+		if dtl.MaxMessage+1 > maxFrame {
+			t.Fatal("dtl.MaxMessage no longer fits in a frame")
+		}
+		r := rawDial(t, addr)
+		r.authenticate(secret)
+		r.write(appendMsg(nil, make([]byte, dtl.MaxMessage+1)))
+		r.expectError(codeProtocol)
+	})
 }
 
 // fakeServer accepts connections, runs the server's handshake with secret
 // and hands each connection, past the handshake and its first request, to
 // handle. Its goroutines end with the test.
 func fakeServer(t *testing.T, secret []byte, handle func(c net.Conn, br *bufio.Reader, req getReq)) string {
+	t.Helper()
+	return fakeServerFrames(t, secret, "fake", func(c net.Conn, br *bufio.Reader, typ frameType, p []byte) {
+		if typ != tGet {
+			return
+		}
+		req, err := decodeGet(p)
+		if err != nil {
+			return
+		}
+		handle(c, br, req)
+	})
+}
+
+// fakeServerFrames is fakeServer for a server of node that hands handle
+// its first request frame, whatever it is.
+func fakeServerFrames(t *testing.T, secret []byte, node string, handle func(c net.Conn, br *bufio.Reader, typ frameType, p []byte)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -287,22 +348,18 @@ func fakeServer(t *testing.T, secret []byte, handle func(c net.Conn, br *bufio.R
 				if err != nil {
 					return
 				}
-				ch := challenge{Version: version1, Nonce: newNonce(), Node: "fake"}
-				ch.MAC = mac(secret, labelServer, h.Nonce, ch.Nonce)
+				ch := challenge{Version: protoVersion, Nonce: newNonce(), Node: node}
+				ch.MAC = mac(secret, labelServer, proof{clientNonce: h.Nonce, serverNonce: ch.Nonce, clientNode: h.Node, serverNode: ch.Node})
 				c.Write(appendChallenge(nil, ch))
 				if typ, _, err := readFrame(br, &buf); err != nil || typ != tAuth {
 					return
 				}
 				c.Write(appendReady(nil))
 				typ, p, err = readFrame(br, &buf)
-				if err != nil || typ != tGet {
-					return
-				}
-				req, err := decodeGet(p)
 				if err != nil {
 					return
 				}
-				handle(c, br, req)
+				handle(c, br, typ, p)
 			})
 		}
 	})

@@ -104,6 +104,10 @@ type DMD struct {
 	// creating counts creates in progress per path, from before the file
 	// exists until its writer is registered.
 	creating map[string]int
+	// publishing holds the records being published: sent ahead to waiting
+	// consumers (see hfl's notices) while the store commits them, so they
+	// are served already.
+	publishing map[string]hfl.Record
 	// watches holds, per path, a channel closed at the next local change
 	// that may complete the path.
 	watches map[string]*pathWatch
@@ -144,13 +148,14 @@ func New(cfg Config, loc *hfl.Locator, log *slog.Logger) (*DMD, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	d := &DMD{
-		cfg:      cfg,
-		loc:      loc,
-		log:      log,
-		shutdown: make(chan struct{}),
-		busy:     make(map[FileID]*writeState),
-		creating: make(map[string]int),
-		watches:  make(map[string]*pathWatch),
+		cfg:        cfg,
+		loc:        loc,
+		log:        log,
+		shutdown:   make(chan struct{}),
+		busy:       make(map[FileID]*writeState),
+		creating:   make(map[string]int),
+		publishing: make(map[string]hfl.Record),
+		watches:    make(map[string]*pathWatch),
 	}
 	_, err := os.Stat(d.internalPath())
 	fresh := errors.Is(err, os.ErrNotExist)

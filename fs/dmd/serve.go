@@ -78,9 +78,16 @@ func (d *DMD) servable(ctx context.Context, rel string, f *os.File, gen uint64) 
 	}
 	d.mu.Lock()
 	busy := d.busy[IDOf(&st)] != nil
+	ahead, publishing := d.publishing[rel]
 	d.mu.Unlock()
 	if busy {
 		return dtl.FileInfo{}, fmt.Errorf("%s: %w", rel, dtl.ErrBusy)
+	}
+	if publishing && gen == 0 && ahead.Size == st.Size && ahead.MtimeNs == st.Mtim.Nano() {
+		// Its publish is being committed: a consumer told ahead of it
+		// asks for it (generation 0, none assigned yet).
+		d.stats.serves.Add(1)
+		return dtl.FileInfo{Size: st.Size, Mode: st.Mode, Uid: st.Uid, Gid: st.Gid, MtimeNs: st.Mtim.Nano()}, nil
 	}
 	rec, _, err := d.loc.Record(ctx, rel)
 	if gen > 0 && (errors.Is(err, hfl.ErrNotFound) || (err == nil && rec.Generation < gen)) {

@@ -90,11 +90,25 @@ func (d *DMD) WaitPath(ctx context.Context, rel string) (string, error) {
 	d.stats.opensWaited.Add(1)
 	defer func() { d.stats.waited(time.Since(start)) }()
 
+	var ahead hfl.Record // a record sent ahead of its publish
+	committedOnly := false
 	for {
 		// Watch before looking, so that a change between the look and
 		// the wait is not missed.
 		w := d.watchPath(rel)
-		p, after, err := d.locateOnce(ctx, rel)
+		var p string
+		var after uint64
+		var err error
+		if ahead.Provisional {
+			p, after, err = d.fetchLocated(ctx, rel, ahead)
+			ahead = hfl.Record{}
+			// A record sent ahead that could not be fetched (the
+			// owner is rewriting the file, say) is not taken again:
+			// wait for what the store commits.
+			committedOnly = true
+		} else {
+			p, after, err = d.locateOnce(ctx, rel)
+		}
 		if err != nil || p != "" {
 			d.unwatch(rel, w)
 			return p, err
@@ -105,7 +119,7 @@ func (d *DMD) WaitPath(ctx context.Context, rel string) (string, error) {
 			// does not show it yet (attribute caches): look again soon.
 			recheck = sharedRecheck
 		}
-		err = d.waitChange(ctx, rel, w, after, recheck)
+		ahead, err = d.waitChange(ctx, rel, w, after, recheck, !committedOnly)
 		d.unwatch(rel, w)
 		if err != nil {
 			return "", err
@@ -139,6 +153,13 @@ func (d *DMD) locateOnce(ctx context.Context, rel string) (path string, after ui
 	case level == hfl.LevelLocal:
 		return d.BackingPath(rel), 0, nil
 	}
+	return d.fetchLocated(ctx, rel, rec)
+}
+
+// fetchLocated fetches rel as rec, found by the locator (or sent ahead of
+// its publish), describes it. It returns the backing path when the file is
+// complete here, or the generation to wait past.
+func (d *DMD) fetchLocated(ctx context.Context, rel string, rec hfl.Record) (path string, after uint64, err error) {
 	if rec.Owner == d.cfg.Node || d.cfg.SharedStorage || d.existsHere(rel) {
 		// Published from this backing store (or visible in it) but not
 		// complete here: being written, rewritten or removed. Wait for
@@ -173,7 +194,10 @@ func (d *DMD) locateOnce(ctx context.Context, rel string) (path string, after ui
 
 // waitChange blocks until a local change of rel (w fires), a publish of rel
 // newer than after reaches the global store, or the wait ends.
-func (d *DMD) waitChange(ctx context.Context, rel string, w *pathWatch, after uint64, recheck time.Duration) error {
+//
+// It returns the record that arrived if it was sent ahead of its publish
+// (provisional): the caller fetches it without asking the locator again.
+func (d *DMD) waitChange(ctx context.Context, rel string, w *pathWatch, after uint64, recheck time.Duration, takeAhead bool) (hfl.Record, error) {
 	gctx, stop := context.WithCancel(ctx)
 	defer stop()
 	var again <-chan time.Time
@@ -182,31 +206,42 @@ func (d *DMD) waitChange(ctx context.Context, rel string, w *pathWatch, after ui
 		defer t.Stop()
 		again = t.C
 	}
-	global := make(chan error, 1)
+	type arrival struct {
+		rec hfl.Record
+		err error
+	}
+	global := make(chan arrival, 1)
 	go func() {
-		_, err := d.loc.Wait(gctx, rel, after)
-		global <- err
+		wait := d.loc.Wait
+		if takeAhead {
+			wait = d.loc.WaitAhead
+		}
+		rec, err := wait(gctx, rel, after)
+		global <- arrival{rec, err}
 	}()
 	select {
 	case <-w.ch:
-		return nil
+		return hfl.Record{}, nil
 	case <-again:
-		return nil
-	case err := <-global:
-		if err == nil {
-			d.log.Debug("record arrived", "path", rel)
-			return nil
+		return hfl.Record{}, nil
+	case a := <-global:
+		if a.err == nil {
+			d.log.Debug("record arrived", "path", rel, "provisional", a.rec.Provisional)
+			if a.rec.Provisional {
+				return a.rec, nil
+			}
+			return hfl.Record{}, nil
 		}
 		if ctx.Err() != nil {
-			return d.waitErr(ctx)
+			return hfl.Record{}, d.waitErr(ctx)
 		}
-		if errors.Is(err, hfl.ErrClosed) {
-			return ErrShutdown
+		if errors.Is(a.err, hfl.ErrClosed) {
+			return hfl.Record{}, ErrShutdown
 		}
-		return fmt.Errorf("wait for %s: %w", rel, err)
+		return hfl.Record{}, fmt.Errorf("wait for %s: %w", rel, a.err)
 	case <-ctx.Done():
-		return d.waitErr(ctx)
+		return hfl.Record{}, d.waitErr(ctx)
 	case <-d.shutdown:
-		return ErrShutdown
+		return hfl.Record{}, ErrShutdown
 	}
 }

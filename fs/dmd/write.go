@@ -314,7 +314,15 @@ func recordOf(rel, owner string, st *syscall.Stat_t) hfl.Record {
 // unreachable) is queued and retried until it lands or the file changes.
 func (d *DMD) publish(ctx context.Context, rec hfl.Record) error {
 	start := time.Now()
+	d.mu.Lock()
+	d.publishing[rec.Path] = rec
+	d.mu.Unlock()
 	out, err := d.loc.Publish(ctx, rec)
+	d.mu.Lock()
+	if d.publishing[rec.Path] == rec {
+		delete(d.publishing, rec.Path)
+	}
+	d.mu.Unlock()
 	if err != nil {
 		d.stats.publishErrors.Add(1)
 		d.log.Error("publish failed; will retry", "path", rec.Path, "err", err)

@@ -43,6 +43,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"RegisterGet", registerGet},
 		{"RegisterClaimOneWins", registerClaimOneWins},
 		{"PutIfAbsentFirstWins", putIfAbsentFirstWins},
+		{"ListByPrefix", listByPrefix},
 		{"CloseEndsWaits", closeEndsWaits},
 	}
 	for _, tc := range tests {
@@ -425,5 +426,37 @@ func closeEndsWaits(t *testing.T, s hfl.Store) {
 	}
 	if err := <-errc; err == nil {
 		t.Fatalf("Wait returned no error after Close")
+	}
+}
+
+func listByPrefix(t *testing.T, s hfl.Store) {
+	ctx := ctxFor(t)
+	got, err := s.List(ctx, "kvtest/list/")
+	if err != nil || len(got) != 0 {
+		t.Fatalf("List of an empty prefix: %v, %v; want nothing", got, err)
+	}
+	want := map[string]string{"kvtest/list/a": "1", "kvtest/list/b/c": "2"}
+	for k, v := range want {
+		if err := s.Register(ctx, k, []byte(v), 10*time.Second, nil); err != nil {
+			t.Fatalf("Register %s: %v", k, err)
+		}
+	}
+	if _, err := s.PutIfAbsent(ctx, "kvtest/listx", []byte("other")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Publish(ctx, "kvtest/list/rec", rec("r", "n", 1)); err != nil {
+		t.Fatal(err)
+	}
+	got, err = s.List(ctx, "kvtest/list/")
+	if err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("List: got %d values %v, want %v (records and other prefixes are not values under the prefix)", len(got), got, want)
+	}
+	for k, v := range want {
+		if string(got[k]) != v {
+			t.Errorf("List[%q] = %q, want %q", k, got[k], v)
+		}
 	}
 }

@@ -1,0 +1,496 @@
+package tcp
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/dtl/dtltest"
+)
+
+// Tests of dtl.Messenger: messages between two real transports, and a
+// real client against fake servers.
+
+// messaging is a server of node "owner" whose handler is h, serving a
+// fresh Source, and a client of node "asker" holding the same secret.
+func messaging(t *testing.T, o opts, h func(ctx context.Context, from string, msg []byte) ([]byte, error)) (server, client *Transport, src *dtltest.Source) {
+	t.Helper()
+	s := newSecret()
+	so := o
+	so.node = "owner"
+	server, _ = newTransport(t, s, so)
+	if h != nil {
+		server.HandleMessages(h)
+	}
+	src = dtltest.NewSource(t.TempDir())
+	if err := server.Serve(src); err != nil {
+		t.Fatal(err)
+	}
+	co := o
+	co.node = "asker"
+	client, _ = newTransport(t, s, co)
+	return server, client, src
+}
+
+// echo answers "from:" and the message, reversed.
+func echo(ctx context.Context, from string, msg []byte) ([]byte, error) {
+	reply := make([]byte, 0, len(from)+1+len(msg))
+	reply = append(append(reply, from...), ':')
+	for i := len(msg) - 1; i >= 0; i-- {
+		reply = append(reply, msg[i])
+	}
+	return reply, nil
+}
+
+func wantEcho(from string, msg []byte) []byte {
+	r, _ := echo(context.Background(), from, msg)
+	return r
+}
+
+func patterned(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7 + i>>8)
+	}
+	return b
+}
+
+// TestMessageRoundTrip: messages of every size up to dtl.MaxMessage reach
+// the handler, with the node id the client announced, and their replies
+// come back; all go on one connection.
+func TestMessageRoundTrip(t *testing.T) {
+	server, client, _ := messaging(t, opts{}, echo)
+	ctx := ctxFor(t)
+	// The reply is 6 bytes longer than the message.
+	sizes := []int{0, 1, 100, 4096, dtl.MaxMessage - len("asker:")}
+	for _, n := range sizes {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			msg := patterned(n)
+			for _, node := range []string{"", "owner"} {
+				reply, err := client.Message(ctx, server.Addr(), node, msg)
+				if err != nil {
+					t.Fatalf("node %q: %v", node, err)
+				}
+				if want := wantEcho("asker", msg); !bytes.Equal(reply, want) {
+					t.Fatalf("node %q: reply of %d bytes, want %d", node, len(reply), len(want))
+				}
+			}
+		})
+	}
+	// The largest message and the largest reply.
+	server.HandleMessages(func(ctx context.Context, from string, msg []byte) ([]byte, error) {
+		if len(msg) != dtl.MaxMessage || from != "asker" {
+			return nil, fmt.Errorf("got %d bytes from %q", len(msg), from)
+		}
+		return bytes.Clone(msg), nil
+	})
+	msg := patterned(dtl.MaxMessage)
+	reply, err := client.Message(ctx, server.Addr(), "owner", msg)
+	if err != nil || !bytes.Equal(reply, msg) {
+		t.Fatalf("MaxMessage: reply of %d bytes, %v", len(reply), err)
+	}
+	client.Close()
+	server.Close()
+	cs, ss := client.Stats(), server.Stats()
+	n := int64(2*len(sizes) + 1)
+	if cs.Dials != 1 || cs.Reused != n-1 || cs.Messages != n || ss.Answered != n || ss.Refused != 0 {
+		t.Errorf("client %+v server %+v: want 1 dial, %d reuses, %d messages answered", cs, ss, n-1, n)
+	}
+}
+
+// TestMessageTooLong: a message longer than dtl.MaxMessage is not sent.
+func TestMessageTooLong(t *testing.T) {
+	server, client, _ := messaging(t, opts{}, echo)
+	_, err := client.Message(ctxFor(t), server.Addr(), "", make([]byte, dtl.MaxMessage+1))
+	if err == nil || !strings.Contains(err.Error(), "limit") {
+		t.Errorf("got %v, want the message refused for its size", err)
+	}
+	if st := client.Stats(); st.Dials != 0 {
+		t.Errorf("%+v: a message too long to send was sent", st)
+	}
+}
+
+// TestMessageRefusals: a handler's error, a reply too long and a server
+// without a handler reach the caller as a *dtl.RemoteError, and the
+// connection carries the next message.
+func TestMessageRefusals(t *testing.T) {
+	handler := func(ctx context.Context, from string, msg []byte) ([]byte, error) {
+		switch string(msg) {
+		case "fail":
+			return []byte("ignored"), errors.New("the locator cannot take this")
+		case "missing":
+			return nil, fmt.Errorf("no record of x: %w", dtl.ErrNotFound)
+		case "long":
+			return make([]byte, dtl.MaxMessage+1), nil
+		case "huge":
+			return make([]byte, maxFrame+1), nil
+		}
+		return echo(ctx, from, msg)
+	}
+	cases := []struct {
+		name    string
+		handler func(ctx context.Context, from string, msg []byte) ([]byte, error)
+		msg     string
+		want    error
+		says    string // what the error must mention
+	}{
+		{"HandlerError", handler, "fail", dtl.ErrRefused, "the locator cannot take this"},
+		{"HandlerDtlError", handler, "missing", dtl.ErrNotFound, "no record of x"},
+		{"ReplyTooLong", handler, "long", dtl.ErrRefused, "exceeds"},
+		{"ReplyLongerThanAFrame", handler, "huge", dtl.ErrRefused, "exceeds"},
+		{"NoHandler", nil, "hello", dtl.ErrRefused, `node "owner" handles no messages`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			server, client, _ := messaging(t, opts{}, c.handler)
+			ctx := ctxFor(t)
+			_, err := client.Message(ctx, server.Addr(), "owner", []byte(c.msg))
+			var re *dtl.RemoteError
+			if !errors.As(err, &re) || !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.says) {
+				t.Fatalf("got %v, want a *dtl.RemoteError for %v saying %q", err, c.want, c.says)
+			}
+			if c.handler != nil {
+				reply, err := client.Message(ctx, server.Addr(), "owner", []byte("ok"))
+				if err != nil || string(reply) != "asker:ko" {
+					t.Fatalf("next message: %q %v", reply, err)
+				}
+			}
+			if st := client.Stats(); st.Dials != 1 {
+				t.Errorf("%+v: a refusal cost the connection", st)
+			}
+			if st := server.Stats(); st.Refused != 1 {
+				t.Errorf("%+v: want 1 refusal counted", st)
+			}
+		})
+	}
+}
+
+// TestMessageWrongNode: another node answering at the address fails the
+// call with dtl.ErrUnavailable, before the message is sent.
+func TestMessageWrongNode(t *testing.T) {
+	server, client, _ := messaging(t, opts{}, echo)
+	ctx := ctxFor(t)
+	_, err := client.Message(ctx, server.Addr(), "elsewhere", []byte("x"))
+	if !errors.Is(err, dtl.ErrUnavailable) || !strings.Contains(err.Error(), `"owner"`) {
+		t.Fatalf("got %v, want %v naming the node that answers", err, dtl.ErrUnavailable)
+	}
+	if _, err := client.Message(ctx, server.Addr(), "owner", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if st := server.Stats(); st.Answered != 1 {
+		t.Errorf("%+v: the message for another node was handled", st)
+	}
+}
+
+// TestMessageUnreachable: nothing listening, and peers without the secret.
+func TestMessageUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	server, _, _ := messaging(t, opts{}, echo)
+	stranger, _ := newTransport(t, newSecret(), opts{})
+	cases := []struct {
+		name   string
+		client *Transport
+		addr   string
+		want   error
+	}{
+		{"NothingListening", stranger, dead, dtl.ErrUnavailable},
+		{"WrongSecret", stranger, server.Addr(), dtl.ErrUnauthorized},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := c.client.Message(ctxFor(t), c.addr, "", []byte("x"))
+			if !errors.Is(err, c.want) {
+				t.Errorf("got %v, want %v", err, c.want)
+			}
+		})
+	}
+	if st := server.Stats(); st.Answered != 0 {
+		t.Errorf("%+v: a message without the secret was handled", st)
+	}
+}
+
+// TestMessagesAndFetches: messages and fetches interleave on the pooled
+// connections, from many goroutines at once.
+func TestMessagesAndFetches(t *testing.T) {
+	server, client, src := messaging(t, opts{}, echo)
+	data := patterned(100_000)
+	if err := src.WriteFile("f", data); err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxFor(t)
+	const workers, rounds = 8, 40
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range rounds {
+				if (i+w)%2 == 0 {
+					msg := patterned(i * 300)
+					reply, err := client.Message(ctx, server.Addr(), "owner", msg)
+					if err != nil || !bytes.Equal(reply, wantEcho("asker", msg)) {
+						t.Errorf("message %d: %d bytes, %v", i, len(reply), err)
+						return
+					}
+					continue
+				}
+				dst := dtltest.Dst(t)
+				info, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f", Owner: "owner"}, dst)
+				if err != nil || info.Size != int64(len(data)) {
+					t.Errorf("fetch %d: %+v %v", i, info, err)
+					return
+				}
+				got := make([]byte, len(data)+1)
+				if n, _ := dst.ReadAt(got, 0); !bytes.Equal(got[:n], data) {
+					t.Errorf("fetch %d: wrong contents", i)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	client.Close()
+	server.Close()
+	cs, ss := client.Stats(), server.Stats()
+	if cs.Dials > workers || cs.Dials+cs.Reused != workers*rounds || cs.Messages != workers*rounds/2 || ss.Served != workers*rounds/2 {
+		t.Errorf("client %+v server %+v: want at most %d dials for %d fetches and %d messages", cs, ss, workers, workers*rounds/2, workers*rounds/2)
+	}
+}
+
+// TestMessageCancel: a caller gives up on a slow handler at once; the
+// connection is not pooled, and the server carries on.
+func TestMessageCancel(t *testing.T) {
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	server, client, _ := messaging(t, opts{}, func(ctx context.Context, from string, msg []byte) ([]byte, error) {
+		if string(msg) != "slow" {
+			return echo(ctx, from, msg)
+		}
+		entered <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return []byte("late"), nil
+	})
+	defer close(release)
+	for _, c := range []struct {
+		name string
+		ctx  func() (context.Context, context.CancelFunc)
+		want error
+	}{
+		{"Cancel", func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() { <-entered; cancel() }()
+			return ctx, cancel
+		}, context.Canceled},
+		{"Deadline", func() (context.Context, context.CancelFunc) {
+			go func() { <-entered }()
+			return context.WithTimeout(context.Background(), 100*time.Millisecond)
+		}, context.DeadlineExceeded},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := c.ctx()
+			defer cancel()
+			start := time.Now()
+			_, err := client.Message(ctx, server.Addr(), "", []byte("slow"))
+			if took := time.Since(start); !errors.Is(err, c.want) || took > 2*time.Second {
+				t.Fatalf("got %v after %v, want %v at once", err, took, c.want)
+			}
+			client.mu.Lock()
+			pooled, active := client.nIdle, len(client.active)
+			client.mu.Unlock()
+			if pooled != 0 || active != 0 {
+				t.Errorf("%d pooled, %d active connections after a cancelled message", pooled, active)
+			}
+		})
+	}
+	// A new connection carries on while the slow handlers still wait.
+	if reply, err := client.Message(ctxFor(t), server.Addr(), "", []byte("ab")); err != nil || string(reply) != "asker:ba" {
+		t.Fatalf("after the cancelled messages: %q %v", reply, err)
+	}
+}
+
+// TestCloseEndsHandlers: Close cancels the handlers' context and waits for
+// them; the sender sees the connection end.
+func TestCloseEndsHandlers(t *testing.T) {
+	entered := make(chan struct{})
+	server, client, _ := messaging(t, opts{}, func(ctx context.Context, from string, msg []byte) ([]byte, error) {
+		close(entered)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	done := make(chan error, 1)
+	go func() {
+		_, err := client.Message(ctxFor(t), server.Addr(), "", []byte("x"))
+		done <- err
+	}()
+	<-entered
+	server.Close()
+	select {
+	case err := <-done:
+		var re *dtl.RemoteError
+		if err == nil || errors.As(err, &re) {
+			t.Errorf("got %v, want the connection lost", err)
+		}
+		t.Log(err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the message outlived the server's Close")
+	}
+}
+
+// TestMessageStaleRetry: a pooled connection the server has closed is
+// replaced, once, transparently.
+func TestMessageStaleRetry(t *testing.T) {
+	server, client, _ := messaging(t, opts{}, echo)
+	ctx := ctxFor(t)
+	if _, err := client.Message(ctx, server.Addr(), "", []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	server.mu.Lock()
+	for sc := range server.serving {
+		sc.conn.Close()
+	}
+	server.mu.Unlock()
+	if reply, err := client.Message(ctx, server.Addr(), "", []byte("ab")); err != nil || string(reply) != "asker:ba" {
+		t.Fatalf("%q %v", reply, err)
+	}
+	if st := client.Stats(); st.Dials != 2 || st.Retried != 1 {
+		t.Errorf("%+v: want 2 dials, 1 retry", st)
+	}
+}
+
+// TestMessageBadServers: replies that break the protocol wrap
+// dtl.ErrProtocol and are not pooled; a stalled reply fails within the
+// stall timeout.
+func TestMessageBadServers(t *testing.T) {
+	const stall = 200 * time.Millisecond
+	secret := newSecret()
+	send := func(frames ...[]byte) func(c net.Conn, br *bufio.Reader, typ frameType, p []byte) {
+		return func(c net.Conn, br *bufio.Reader, typ frameType, p []byte) {
+			if typ != tMsg {
+				return
+			}
+			for _, f := range frames {
+				c.Write(f)
+			}
+			hold(c)
+		}
+	}
+	tooLong := func() []byte {
+		b, s := beginFrame(nil, tReply)
+		return endFrame(append(b, make([]byte, dtl.MaxMessage+1)...), s)
+	}
+	cases := []struct {
+		name   string
+		handle func(c net.Conn, br *bufio.Reader, typ frameType, p []byte)
+		proto  bool // a protocol error; else a stall
+	}{
+		{"ReplyTooLong", send(tooLong()), true},
+		{"OversizedFrame", send([]byte{byte(tReply), 0, 1, 0, 1}), true},
+		{"HeaderForAMessage", send(appendHeader(nil, dtl.FileInfo{Size: 1})), true},
+		{"UnknownCode", send(appendError(nil, errFrame{Code: 999, Msg: "?"})), true},
+		{"ShortReply", send([]byte{byte(tReply), 0, 0, 0, 9, 1, 2}), false},
+		{"NoReply", send(), false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			addr := fakeServerFrames(t, secret, "fake", c.handle)
+			client, _ := newTransport(t, secret, opts{stall: stall})
+			start := time.Now()
+			_, err := client.Message(ctxFor(t), addr, "fake", []byte("x"))
+			took := time.Since(start)
+			var re *dtl.RemoteError
+			switch {
+			case err == nil || errors.As(err, &re) || errors.Is(err, dtl.ErrUnavailable):
+				t.Errorf("got %v, want a failure of the exchange", err)
+			case c.proto && !errors.Is(err, dtl.ErrProtocol):
+				t.Errorf("got %v, want %v", err, dtl.ErrProtocol)
+			case !c.proto && (errors.Is(err, dtl.ErrProtocol) || took < stall || took > stall+time.Second):
+				t.Errorf("got %v after %v, want a stall after %v", err, took, stall)
+			}
+			client.mu.Lock()
+			pooled := client.nIdle
+			client.mu.Unlock()
+			if pooled != 0 {
+				t.Error("a connection out of step was pooled")
+			}
+		})
+	}
+}
+
+// TestMessageTrailingBytes: bytes after a reply leave the connection out
+// of step: the reply is good, the connection is not pooled.
+func TestMessageTrailingBytes(t *testing.T) {
+	secret := newSecret()
+	addr := fakeServerFrames(t, secret, "fake", func(c net.Conn, br *bufio.Reader, typ frameType, p []byte) {
+		c.Write(append(appendReply(nil, []byte("ok")), appendReady(nil)...))
+		hold(c)
+	})
+	client, _ := newTransport(t, secret, opts{})
+	if reply, err := client.Message(ctxFor(t), addr, "", []byte("x")); err != nil || string(reply) != "ok" {
+		t.Fatalf("%q %v", reply, err)
+	}
+	client.mu.Lock()
+	pooled := client.nIdle
+	client.mu.Unlock()
+	if pooled != 0 {
+		t.Error("a connection out of step was pooled")
+	}
+}
+
+// TestServerNodeBound: a server's proof covers the node id it announces: a
+// server that announces one id with a proof made for another is refused.
+func TestServerNodeBound(t *testing.T) {
+	secret := newSecret()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		var buf []byte
+		_, p, err := readFrame(br, &buf)
+		if err != nil {
+			return
+		}
+		h, err := decodeHello(p)
+		if err != nil {
+			return
+		}
+		ch := challenge{Version: protoVersion, Nonce: newNonce(), Node: "owner"}
+		ch.MAC = mac(secret, labelServer, proof{clientNonce: h.Nonce, serverNonce: ch.Nonce, clientNode: h.Node, serverNode: "impostor"})
+		c.Write(appendChallenge(nil, ch))
+		readFrame(br, &buf)
+	}()
+	client, _ := newTransport(t, secret, opts{})
+	_, err = client.Message(ctxFor(t), ln.Addr().String(), "owner", []byte("x"))
+	if !errors.Is(err, dtl.ErrUnauthorized) {
+		t.Errorf("got %v, want %v", err, dtl.ErrUnauthorized)
+	}
+}
+
+func TestNodeTooLong(t *testing.T) {
+	cfg := dtl.DefaultConfig()
+	cfg.Node, cfg.Listen, cfg.Secret = strings.Repeat("n", maxNode+1), ":0", newSecret()
+	if _, err := New(cfg); err == nil {
+		t.Errorf("New accepted a node id of %d bytes", len(cfg.Node))
+	}
+}

@@ -1,0 +1,343 @@
+package hfl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// slowStore is a shared store whose waits never end on their own and whose
+// calls are counted: what reaches a consumer early came by notice.
+type slowStore struct {
+	Store
+	lookups, waits atomic.Int64
+	blockWaits     bool
+}
+
+func (s *slowStore) Lookup(ctx context.Context, key string) (Record, error) {
+	s.lookups.Add(1)
+	return s.Store.Lookup(ctx, key)
+}
+
+func (s *slowStore) Wait(ctx context.Context, key string, after uint64) (Record, error) {
+	s.waits.Add(1)
+	if s.blockWaits {
+		<-ctx.Done()
+		return Record{}, ctx.Err()
+	}
+	return s.Store.Wait(ctx, key, after)
+}
+
+// memPeers routes notices between locators in this process; a node in down
+// cannot be reached.
+type memPeers struct {
+	from string
+	net  *memNet
+}
+
+type memNet struct {
+	mu   sync.Mutex
+	locs map[string]*Locator // by address
+	down map[string]bool     // by node
+}
+
+func (p *memPeers) Message(ctx context.Context, addr, node string, msg []byte) ([]byte, error) {
+	p.net.mu.Lock()
+	l, down := p.net.locs[addr], p.net.down[node] || p.net.down[p.from]
+	p.net.mu.Unlock()
+	if l == nil || down {
+		return nil, errors.New("unreachable")
+	}
+	return l.HandleMessage(ctx, p.from, msg)
+}
+
+// noticeCluster makes n locators sharing one store, with notices on.
+func noticeCluster(t *testing.T, n int, store *slowStore) ([]*Locator, *memNet) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	net := &memNet{locs: map[string]*Locator{}, down: map[string]bool{}}
+	var locs []*Locator
+	for i := 0; i < n; i++ {
+		l, err := NewLocator(DefaultLocatorConfig(), store, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		node, addr := fmt.Sprintf("n%d", i), fmt.Sprintf("10.0.0.%d:7447", i+1)
+		if err := l.Register(ctx, Member{Node: node, Transport: "mem", Addr: addr}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		net.locs[addr] = l
+		locs = append(locs, l)
+	}
+	for i, l := range locs {
+		if err := l.EnableNotices(ctx, fmt.Sprintf("n%d", i), &memPeers{from: fmt.Sprintf("n%d", i), net: net}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return locs, net
+}
+
+func setNoticeGrace(t *testing.T, d time.Duration) {
+	old := noticeGrace
+	noticeGrace = d
+	t.Cleanup(func() { noticeGrace = old })
+}
+
+func TestNoticeWakesWaiterWithoutStore(t *testing.T) {
+	setNoticeGrace(t, time.Hour)
+	store := &slowStore{Store: NewEmbeddedStore(), blockWaits: true}
+	locs, _ := noticeCluster(t, 3, store)
+	producer, consumer := locs[0], locs[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Twenty paths: their homes are spread over the three nodes.
+	for i := 0; i < 20; i++ {
+		path := fmt.Sprintf("run/f%d", i)
+		got := make(chan error, 1)
+		var rec Record
+		go func() {
+			var err error
+			rec, err = consumer.Wait(ctx, path, 0)
+			got <- err
+		}()
+		// Let the consumer subscribe first, as a consumer that waits
+		// before the producer starts does.
+		time.Sleep(5 * time.Millisecond)
+		pub, err := producer.Publish(ctx, Record{Path: path, Owner: "n0", Size: int64(i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := <-got; err != nil {
+			t.Fatalf("%s: wait: %v", path, err)
+		}
+		// Told ahead of the store's commit (provisional, no generation
+		// yet) or after it.
+		if rec.Owner != "n0" || rec.Size != int64(i) || (rec.Provisional != (rec.Generation == 0)) ||
+			(!rec.Provisional && rec.Generation != pub.Generation) {
+			t.Fatalf("%s: woke with %+v, want %+v", path, rec, pub)
+		}
+		// Only committed records are kept.
+		for _, l := range locs {
+			if got, ok := l.cache.get(path); ok && got.Provisional {
+				t.Fatalf("%s: a cache keeps a provisional record", path)
+			}
+		}
+	}
+	if n := store.waits.Load(); n != 0 {
+		t.Errorf("the store was waited on %d times; notices alone should have woken the consumer", n)
+	}
+	if st := consumer.Stats().Notices; st == nil || st.Members != 3 || st.WokenBy == 0 {
+		t.Errorf("consumer's notice stats %+v: want 3 members and waits woken by notices", st)
+	}
+}
+
+func TestNoticeAnswersLookupsFromHome(t *testing.T) {
+	store := &slowStore{Store: NewEmbeddedStore()}
+	locs, _ := noticeCluster(t, 2, store)
+	ctx := context.Background()
+	homes := map[Level]int{}
+	for i := 0; i < 20; i++ {
+		path := fmt.Sprintf("d/f%d", i)
+		pub, err := locs[0].Publish(ctx, Record{Path: path, Owner: "n0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The notice to the home is sent aside: wait until it is there.
+		var rec Record
+		var lv Level
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			locs[1].Forget(path)
+			before := store.lookups.Load()
+			rec, lv, err = locs[1].Record(ctx, path)
+			if err != nil {
+				t.Fatalf("%s: %v", path, err)
+			}
+			if lv == LevelHome || time.Now().After(deadline) {
+				break
+			}
+			if lv == LevelCache {
+				t.Fatalf("%s: found in a cache that was just emptied", path)
+			}
+			// Found by the store: its home is this node, whose cache
+			// was just emptied, or the notice is still on its way.
+			if store.lookups.Load() == before {
+				t.Fatalf("%s: level %v without a store lookup", path, lv)
+			}
+			if h, _ := locs[1].notices.Load().home(path); h.Node == "n1" {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		homes[lv]++
+		if rec.Generation != pub.Generation {
+			t.Fatalf("%s: got generation %d, want %d", path, rec.Generation, pub.Generation)
+		}
+	}
+	if homes[LevelHome] == 0 {
+		t.Errorf("no lookup was answered by a home: %v", homes)
+	}
+	if locs[1].Stats().Hits["home"] == 0 {
+		t.Errorf("home hits not counted: %+v", locs[1].Stats())
+	}
+}
+
+func TestNoticeFallsBackOnStore(t *testing.T) {
+	setNoticeGrace(t, 20*time.Millisecond)
+	store := &slowStore{Store: NewEmbeddedStore()}
+	locs, net := noticeCluster(t, 2, store)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := 0; i < 10; i++ {
+		path := fmt.Sprintf("x/f%d", i)
+		// The producer reaches nobody: no home hears of its publish.
+		net.mu.Lock()
+		net.down["n0"] = true
+		net.mu.Unlock()
+		got := make(chan error, 1)
+		go func() {
+			_, err := locs[1].Wait(ctx, path, 0)
+			got <- err
+		}()
+		time.Sleep(2 * time.Millisecond)
+		if _, err := locs[0].Publish(ctx, Record{Path: path, Owner: "n0"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-got; err != nil {
+			t.Fatalf("%s: wait: %v", path, err)
+		}
+		net.mu.Lock()
+		net.down["n0"] = false
+		net.mu.Unlock()
+	}
+	if st := locs[1].Stats().Notices; st.StoreWaits == 0 {
+		t.Errorf("no wait fell back on the store: %+v", st)
+	}
+}
+
+func TestNoticeUnpublishForgetsAtHome(t *testing.T) {
+	store := &slowStore{Store: NewEmbeddedStore()}
+	locs, _ := noticeCluster(t, 2, store)
+	ctx := context.Background()
+	for i := 0; i < 10; i++ {
+		path := fmt.Sprintf("u/f%d", i)
+		if _, err := locs[0].Publish(ctx, Record{Path: path, Owner: "n0"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := locs[0].Unpublish(ctx, path, "n0"); err != nil {
+			t.Fatal(err)
+		}
+		// Sent aside: the home forgets soon.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			locs[1].Forget(path)
+			_, _, err := locs[1].Record(ctx, path)
+			if errors.Is(err, ErrNotFound) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: still found after unpublish: %v", path, err)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
+func TestNoticeWaitEndsWithContext(t *testing.T) {
+	setNoticeGrace(t, time.Hour)
+	store := &slowStore{Store: NewEmbeddedStore(), blockWaits: true}
+	locs, _ := noticeCluster(t, 2, store)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	for i := 0; i < 4; i++ {
+		_, err := locs[1].Wait(ctx, fmt.Sprintf("never/f%d", i), 0)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("wait: %v, want the context's deadline", err)
+		}
+	}
+	n := locs[1].notices.Load()
+	n.mu.Lock()
+	left := len(n.waits)
+	n.mu.Unlock()
+	if left != 0 {
+		t.Errorf("%d abandoned waits left behind", left)
+	}
+}
+
+func TestHandleMessageRefusesBadNotices(t *testing.T) {
+	store := &slowStore{Store: NewEmbeddedStore()}
+	locs, _ := noticeCluster(t, 1, store)
+	ctx := context.Background()
+	for _, msg := range []string{
+		``, `{`, `[]`, `{"k":"what"}`, `{"k":"pub"}`,
+		`{"k":"pub","rec":{"path":"../etc/passwd","owner":"n9","gen":5}}`,
+		`{"k":"pub","rec":{"path":"a","owner":"","gen":5}}`,
+		`{"k":"pub","rec":{"path":"a","owner":"n9","gen":0}}`,
+		`{"k":"ask","path":"/abs"}`,
+	} {
+		if _, err := locs[0].HandleMessage(ctx, "n9", []byte(msg)); err == nil {
+			t.Errorf("notice %q was taken", msg)
+		}
+	}
+	off, _ := NewLocator(DefaultLocatorConfig(), store, nil)
+	if _, err := off.HandleMessage(ctx, "n9", []byte(`{"k":"ask","path":"a"}`)); err == nil {
+		t.Error("a locator without notices answered one")
+	}
+}
+
+func FuzzHandleMessage(f *testing.F) {
+	f.Add([]byte(`{"k":"pub","rec":{"path":"a/b","owner":"n1","gen":7}}`))
+	f.Add([]byte(`{"k":"ask","path":"a/b","after":3,"sub":true}`))
+	f.Add([]byte(`{"k":"unpub","path":"a/b","owner":"n1"}`))
+	store := NewEmbeddedStore()
+	l, err := NewLocator(DefaultLocatorConfig(), store, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	f.Cleanup(cancel)
+	if err := l.EnableNotices(ctx, "n0", &memPeers{from: "n0", net: &memNet{locs: map[string]*Locator{}, down: map[string]bool{}}}, nil); err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		l.HandleMessage(ctx, "n1", msg) // must not panic or hang
+	})
+}
+
+func TestNoticeJoinAnnouncesNewMember(t *testing.T) {
+	store := &slowStore{Store: NewEmbeddedStore()}
+	locs, net := noticeCluster(t, 2, store)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l, err := NewLocator(DefaultLocatorConfig(), store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Register(ctx, Member{Node: "n2", Transport: "mem", Addr: "10.0.0.3:7447"}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	net.mu.Lock()
+	net.locs["10.0.0.3:7447"] = l
+	net.mu.Unlock()
+	if err := l.EnableNotices(ctx, "n2", &memPeers{from: "n2", net: net}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Well before the members are read again (membersRefresh).
+	deadline := time.Now().Add(membersRefresh / 2)
+	for _, old := range locs {
+		for old.Stats().Notices.Members != 3 {
+			if time.Now().After(deadline) {
+				t.Fatalf("a member did not learn of the new one: %+v", old.Stats().Notices)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if _, err := locs[0].HandleMessage(ctx, "n1", []byte(`{"k":"join","member":{"node":"n2","addr":"x:1"}}`)); err == nil {
+		t.Error("a join naming another node was taken")
+	}
+}
