@@ -420,10 +420,7 @@ func TestMessageBadServers(t *testing.T) {
 			case !c.proto && (errors.Is(err, dtl.ErrProtocol) || took < stall || took > stall+time.Second):
 				t.Errorf("got %v after %v, want a stall after %v", err, took, stall)
 			}
-			client.mu.Lock()
-			pooled := client.nIdle
-			client.mu.Unlock()
-			if pooled != 0 {
+			if idleConns(client) != 0 {
 				t.Error("a connection out of step was pooled")
 			}
 		})
@@ -442,10 +439,7 @@ func TestMessageTrailingBytes(t *testing.T) {
 	if reply, err := client.Message(ctxFor(t), addr, "", []byte("x")); err != nil || string(reply) != "ok" {
 		t.Fatalf("%q %v", reply, err)
 	}
-	client.mu.Lock()
-	pooled := client.nIdle
-	client.mu.Unlock()
-	if pooled != 0 {
+	if idleConns(client) != 0 {
 		t.Error("a connection out of step was pooled")
 	}
 }
@@ -493,4 +487,11 @@ func TestNodeTooLong(t *testing.T) {
 	if _, err := New(cfg); err == nil {
 		t.Errorf("New accepted a node id of %d bytes", len(cfg.Node))
 	}
+}
+
+// idleConns is how many connections tr keeps in its pool.
+func idleConns(tr *Transport) int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return tr.nIdle
 }

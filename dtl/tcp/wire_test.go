@@ -490,10 +490,7 @@ func TestBadServers(t *testing.T) {
 			if !errors.Is(err, dtl.ErrProtocol) {
 				t.Errorf("got %v, want %v", err, dtl.ErrProtocol)
 			}
-			client.mu.Lock()
-			pooled := client.nIdle
-			client.mu.Unlock()
-			if pooled != 0 {
+			if idleConns(client) != 0 {
 				t.Error("a connection that broke the protocol was pooled")
 			}
 		})
