@@ -185,6 +185,10 @@ func TestMessageWrongNode(t *testing.T) {
 	if _, err := client.Message(ctx, server.Addr(), "owner", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
+	// The server counts a reply once it is written, which may be after the
+	// client has read it: Close waits for the server, then its counters are final.
+	client.Close()
+	server.Close()
 	if st := server.Stats(); st.Answered != 1 {
 		t.Errorf("%+v: the message for another node was handled", st)
 	}
@@ -217,6 +221,7 @@ func TestMessageUnreachable(t *testing.T) {
 			}
 		})
 	}
+	server.Close() // its counters are final
 	if st := server.Stats(); st.Answered != 0 {
 		t.Errorf("%+v: a message without the secret was handled", st)
 	}
