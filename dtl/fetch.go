@@ -88,10 +88,13 @@ type Fetcher struct {
 // FetchStats counts transfers.
 type FetchStats struct {
 	Transfers atomic.Uint64 // completed transfers
-	Bytes     atomic.Uint64 // bytes of completed transfers (apparent size)
+	Bytes     atomic.Uint64 // bytes of the files copied here (apparent size)
 	Joined    atomic.Uint64 // fetches that waited for another's transfer
 	Retries   atomic.Uint64
 	Failures  atomic.Uint64
+	// FromNotices counts copies made from the bytes a small file's
+	// notice carried, without a transfer.
+	FromNotices atomic.Uint64
 }
 
 type fetchCall struct {
@@ -162,7 +165,9 @@ func (f *Fetcher) run(call *fetchCall, rec hfl.Record) {
 	defer f.wg.Done()
 	// A transfer that just finished may have brought it already.
 	if !f.cfg.Dest.Present(f.ctx, rec.Path) {
-		call.err = f.transfer(f.ctx, rec)
+		if rec.Inline == nil || !f.fromNotice(rec) {
+			call.err = f.transfer(f.ctx, rec)
+		}
 	}
 	if call.err != nil {
 		f.stats.Failures.Add(1)
@@ -242,40 +247,75 @@ func (f *Fetcher) owner(ctx context.Context, node string, fresh bool) (hfl.Membe
 	return m, err
 }
 
+// fromNotice installs rec's file from the bytes its notice carried. It
+// reports whether it did; if not, a transfer brings the file.
+func (f *Fetcher) fromNotice(rec hfl.Record) bool {
+	in := rec.Inline
+	if int64(len(in.Data)) != rec.Size {
+		return false
+	}
+	info := FileInfo{Size: rec.Size, Mode: rec.Mode, Uid: in.Uid, Gid: in.Gid, MtimeNs: rec.MtimeNs, Generation: rec.Generation}
+	installed, err := f.install(rec, func(tmp *os.File) (FileInfo, error) {
+		_, err := tmp.Write(in.Data)
+		return info, err
+	})
+	if err != nil {
+		f.log.Debug("copy from a notice's bytes failed; fetching", "path", rec.Path, "err", err)
+		return false
+	}
+	if installed {
+		f.stats.FromNotices.Add(1)
+	}
+	return true
+}
+
 // once runs one transfer into a temporary file and, if it is complete,
 // installs it.
 func (f *Fetcher) once(ctx context.Context, addr string, rec hfl.Record) error {
+	installed, err := f.install(rec, func(tmp *os.File) (FileInfo, error) {
+		return f.cfg.Transport.Fetch(ctx, addr, Request{Path: rec.Path, Generation: rec.Generation, Owner: rec.Owner}, tmp)
+	})
+	if installed {
+		f.stats.Transfers.Add(1)
+	}
+	return err
+}
+
+// install has fill write rec's file into a temporary file and describe it,
+// verifies it, gives it the owner's attributes and installs it. It reports
+// whether it installed the file: it did not, without an error, if something
+// got there first.
+func (f *Fetcher) install(rec hfl.Record, fill func(tmp *os.File) (FileInfo, error)) (installed bool, err error) {
 	tmp, err := f.temps.take()
 	if err != nil {
-		return fmt.Errorf("temporary file: %w", err)
+		return false, fmt.Errorf("temporary file: %w", err)
 	}
 	defer f.temps.replenish()
-	installed := false
 	defer func() {
 		if !installed {
 			tmp.Close()
 			os.Remove(tmp.Name())
 		}
 	}()
-	info, err := f.cfg.Transport.Fetch(ctx, addr, Request{Path: rec.Path, Generation: rec.Generation, Owner: rec.Owner}, tmp)
+	info, err := fill(tmp)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if err := verify(tmp, info); err != nil {
-		return err
+		return false, err
 	}
 	// Owner first: chown clears set-id bits. A copy keeps none: a node
 	// does not run set-id programs for another.
 	if os.Geteuid() == 0 {
 		if err := tmp.Chown(int(info.Uid), int(info.Gid)); err != nil {
-			return err
+			return false, err
 		}
 	}
 	if err := syscall.Fchmod(int(tmp.Fd()), info.Mode&0o1777); err != nil {
-		return err
+		return false, err
 	}
 	if err := os.Chtimes(tmp.Name(), time.Time{}, time.Unix(0, info.MtimeNs)); err != nil {
-		return err
+		return false, err
 	}
 	published := rec
 	published.Size, published.Mode, published.MtimeNs, published.Generation = info.Size, info.Mode, info.MtimeNs, info.Generation
@@ -284,15 +324,14 @@ func (f *Fetcher) once(ctx context.Context, addr string, rec hfl.Record) error {
 	case errors.Is(err, fs.ErrExist):
 		// Something got there first (another transfer, a local
 		// producer): the waiters look at what is there.
-		return nil
+		return false, nil
 	case err != nil:
-		return err
+		return false, err
 	}
 	installed = true
 	tmp.Close()
-	f.stats.Transfers.Add(1)
 	f.stats.Bytes.Add(uint64(info.Size))
-	return nil
+	return true, nil
 }
 
 // verify checks that the received file is what the owner described.

@@ -231,3 +231,45 @@ func TestFetchNeverReplaces(t *testing.T) {
 	}
 	fx.nothingLeft(t, "x")
 }
+
+// TestFetchFromNoticeBytes: a record that carries its file's bytes is
+// installed from them, with its attributes, without a transfer; bytes that
+// do not match the record's size are not trusted, and a transfer brings
+// the file.
+func TestFetchFromNoticeBytes(t *testing.T) {
+	fx := newFixture(t, 10*time.Second)
+	mtime := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+	for _, data := range [][]byte{{}, []byte("x"), bytes.Repeat([]byte("n"), hfl.InlineMax)} {
+		path := fmt.Sprintf("inline/%d", len(data))
+		rec := hfl.Record{Path: path, Owner: "owner", Size: int64(len(data)), Mode: 0o100604, MtimeNs: mtime.UnixNano(),
+			Inline: &hfl.Inline{Data: data, Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())}}
+		if err := fx.fetcher.Fetch(context.Background(), rec); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		got, err := os.ReadFile(filepath.Join(fx.dst, path))
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("%s: read %d bytes, %v; want the %d sent", path, len(got), err, len(data))
+		}
+		st, _ := os.Stat(filepath.Join(fx.dst, path))
+		if st.Mode().Perm() != 0o604 || !st.ModTime().Equal(mtime) {
+			t.Fatalf("%s: mode %v, mtime %v; want 0604 and %v", path, st.Mode().Perm(), st.ModTime(), mtime)
+		}
+	}
+	if st := fx.fetcher.Stats(); st.FromNotices.Load() != 3 || st.Transfers.Load() != 0 {
+		t.Fatalf("%d copies from notices, %d transfers; want 3 and none", st.FromNotices.Load(), st.Transfers.Load())
+	}
+
+	// Bytes that do not match the size: the owner's file is fetched.
+	fx.src.WriteFile("short", []byte("owner's"))
+	rec := fx.rec("short")
+	rec.Size, rec.Inline = 7, &hfl.Inline{Data: []byte("bad")}
+	if err := fx.fetcher.Fetch(context.Background(), rec); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(fx.dst, "short")); string(got) != "owner's" {
+		t.Fatalf("read %q, want the owner's file", got)
+	}
+	if n := fx.fetcher.Stats().Transfers.Load(); n != 1 {
+		t.Fatalf("%d transfers, want 1", n)
+	}
+}

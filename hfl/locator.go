@@ -116,16 +116,24 @@ func (l *Locator) Key(path string) string {
 }
 
 // Publish records rec in the global store and the cache, and returns it with
-// its new generation.
+// its new generation. A small file's bytes (rec.Inline, at most InlineMax)
+// go with the notices only.
 func (l *Locator) Publish(ctx context.Context, rec Record) (Record, error) {
-	rec.Provisional, rec.Generation = false, 0
+	inline := rec.Inline
+	if !inlineFits(rec) {
+		inline = nil
+	}
+	rec.Provisional, rec.Generation, rec.Inline = false, 0, nil
 	n := l.notices.Load()
+	var publish uint64
+	var told <-chan struct{}
 	if n != nil {
 		// Waiting consumers need not wait for the store's commit: the
 		// owner serves the file from now on.
+		publish = n.nextPublish()
 		ahead := rec
-		ahead.Provisional = true
-		n.published(ahead)
+		ahead.Provisional, ahead.Inline = true, inline
+		told = n.published(ahead, publish, nil)
 	}
 	out, err := l.store.Publish(ctx, l.Key(rec.Path), rec)
 	if err != nil {
@@ -133,10 +141,16 @@ func (l *Locator) Publish(ctx context.Context, rec Record) (Record, error) {
 	}
 	l.cache.put(out)
 	if n != nil {
-		n.published(out)
+		// The home gives the bytes it holds of this publish the
+		// committed generation, for consumers that come later.
+		n.published(out, publish, told)
 	}
 	return out, nil
 }
+
+// NoticesOn reports whether notices are enabled: only then do a small
+// file's bytes travel with them (see Record.Inline).
+func (l *Locator) NoticesOn() bool { return l.notices.Load() != nil }
 
 // Unpublish removes owner's record of path.
 func (l *Locator) Unpublish(ctx context.Context, path, owner string) error {
@@ -154,29 +168,104 @@ func (l *Locator) Unpublish(ctx context.Context, path, owner string) error {
 // Locate searches the three levels in order and returns the first record
 // found, or ErrNotFound.
 func (l *Locator) Locate(ctx context.Context, path string) (Record, Level, error) {
-	if l.local != nil {
-		if rec, ok := l.local.LocalRecord(ctx, path); ok {
-			l.hits[LevelLocal].Add(1)
-			return rec, LevelLocal, nil
-		}
+	if rec, ok := l.localRecord(ctx, path); ok {
+		return rec, LevelLocal, nil
 	}
 	return l.Record(ctx, path)
 }
 
-// Record searches the last two levels, the cache and the global store, for
-// path's record: where it was published, by this node or another.
-func (l *Locator) Record(ctx context.Context, path string) (Record, Level, error) {
-	if rec, ok := l.cache.get(path); ok {
-		l.hits[LevelCache].Add(1)
+// localRecord is the first level.
+func (l *Locator) localRecord(ctx context.Context, path string) (Record, bool) {
+	if l.local == nil {
+		return Record{}, false
+	}
+	rec, ok := l.local.LocalRecord(ctx, path)
+	if ok {
+		l.hits[LevelLocal].Add(1)
+	}
+	return rec, ok
+}
+
+// cached is the second level, with the bytes this node holds as the
+// path's home (n may be nil).
+func (l *Locator) cached(path string, n *notices) (Record, bool) {
+	rec, ok := l.cache.get(path)
+	if !ok {
+		return Record{}, false
+	}
+	l.hits[LevelCache].Add(1)
+	if n != nil {
+		rec = n.withHeld(rec)
+	}
+	return rec, true
+}
+
+// LocateWaiting is Locate for a consumer that waits if nothing is found.
+// The path's home subscribes it while it answers, and a record of the path
+// that reaches this node while the global store is asked ends the search:
+// a publish that lands during the store's round trip is not waited for
+// behind it. With ahead, the record found may be provisional (sent ahead
+// of its publish).
+func (l *Locator) LocateWaiting(ctx context.Context, path string, ahead bool) (Record, Level, error) {
+	n := l.notices.Load()
+	if n == nil {
+		return l.Locate(ctx, path)
+	}
+	if rec, ok := l.localRecord(ctx, path); ok {
+		return rec, LevelLocal, nil
+	}
+	if rec, ok := l.cached(path, n); ok {
 		return rec, LevelCache, nil
 	}
-	if n := l.notices.Load(); n != nil {
-		if rec, found, _ := n.ask(ctx, path, 0, false, false); found {
-			l.hits[LevelHome].Add(1)
-			return rec, LevelHome, nil
+	w, done := n.waitChannel(path)
+	defer done()
+	if rec, found, _ := n.ask(ctx, path, 0, true, ahead); found {
+		l.hits[LevelHome].Add(1)
+		return rec, LevelHome, nil
+	}
+	type lookup struct {
+		rec Record
+		err error
+	}
+	answer := make(chan lookup, 1)
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		rec, err := l.store.Lookup(lctx, l.Key(path))
+		answer <- lookup{rec, err}
+	}()
+	// The notice's record will do unless it is provisional and only a
+	// committed one was asked for.
+	notice := w.ch
+	told := func() (Record, Level, error) {
+		n.woken.Add(1)
+		l.hits[LevelHome].Add(1)
+		return w.rec, LevelHome, nil
+	}
+	for {
+		select {
+		case <-notice:
+			if !w.rec.Provisional || ahead {
+				return told()
+			}
+			notice = nil // only the store's answer will do
+		case a := <-answer:
+			if errors.Is(a.err, ErrNotFound) && notice != nil {
+				select {
+				case <-notice: // both at once: the notice has it
+					if !w.rec.Provisional || ahead {
+						return told()
+					}
+				default:
+				}
+			}
+			return l.fromStore(a.rec, a.err, n)
 		}
 	}
-	rec, err := l.store.Lookup(ctx, l.Key(path))
+}
+
+// fromStore counts and caches what the global store answered.
+func (l *Locator) fromStore(rec Record, err error, n *notices) (Record, Level, error) {
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
 			l.misses.Add(1)
@@ -185,7 +274,27 @@ func (l *Locator) Record(ctx context.Context, path string) (Record, Level, error
 	}
 	l.hits[LevelGlobal].Add(1)
 	l.cache.put(rec)
+	if n != nil {
+		rec = n.withHeld(rec) // this node may be its home
+	}
 	return rec, LevelGlobal, nil
+}
+
+// Record searches the last two levels, the cache and the global store, for
+// path's record: where it was published, by this node or another.
+func (l *Locator) Record(ctx context.Context, path string) (Record, Level, error) {
+	n := l.notices.Load()
+	if rec, ok := l.cached(path, n); ok {
+		return rec, LevelCache, nil
+	}
+	if n != nil {
+		if rec, found, _ := n.ask(ctx, path, 0, false, false); found {
+			l.hits[LevelHome].Add(1)
+			return rec, LevelHome, nil
+		}
+	}
+	rec, err := l.store.Lookup(ctx, l.Key(path))
+	return l.fromStore(rec, err, n)
 }
 
 // Wait blocks until the global store holds a record of path newer than
@@ -261,6 +370,7 @@ func (c *recordCache) put(rec Record) {
 	if c.max == 0 {
 		return
 	}
+	rec.Inline = nil // bytes are held by homes only, within their bound
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e, ok := c.byKey[rec.Path]; ok {

@@ -1,11 +1,11 @@
 package hfl
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"sort"
 	"sync"
@@ -86,6 +86,11 @@ type notice struct {
 	Subscribe bool `json:"sub,omitempty"`
 	// Ahead: a provisional record answers the ask too.
 	Ahead bool `json:"ahead,omitempty"`
+	// Inline is Rec's bytes, for a small file.
+	Inline *Inline `json:"inline,omitempty"`
+	// Publish numbers an owner's publishes: its provisional and its
+	// committed notice of one publish carry the same number.
+	Publish uint64 `json:"pn,omitempty"`
 }
 
 const (
@@ -97,7 +102,48 @@ const (
 
 // askReply answers an ask.
 type askReply struct {
-	Rec *Record `json:"rec,omitempty"`
+	Rec    *Record `json:"rec,omitempty"`
+	Inline *Inline `json:"inline,omitempty"`
+}
+
+// publishedNotice is the notice of rec, with its bytes if it has them.
+func publishedNotice(rec Record, publish uint64) notice {
+	return notice{Kind: kindPublished, Rec: &rec, Inline: rec.Inline, Publish: publish}
+}
+
+// encodeNotice encodes a notice or a reply: JSON, followed, when it
+// carries a small file's bytes, by a NUL byte and the bytes. (JSON text
+// never holds a raw NUL, and decoding the JSON does not scan the bytes.)
+func encodeNotice(v any, in *Inline) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil || in == nil {
+		return b, err
+	}
+	b = append(b, 0)
+	return append(b, in.Data...), nil
+}
+
+// decodeNotice decodes what encodeNotice encoded into v, and sets
+// *inline's bytes: a copy, since msg is the transport's. An inline without
+// bytes, or bytes without an inline, is an error.
+func decodeNotice(msg []byte, v any, inline **Inline) error {
+	head, data, withData := msg, []byte(nil), false
+	if i := bytes.IndexByte(msg, 0); i >= 0 {
+		head, data, withData = msg[:i], msg[i+1:], true
+	}
+	if err := json.Unmarshal(head, v); err != nil {
+		return err
+	}
+	if (*inline != nil) != withData {
+		return errors.New("bytes and their description do not go together")
+	}
+	if withData {
+		(*inline).Data = bytes.Clone(data)
+		if (*inline).Data == nil {
+			(*inline).Data = []byte{}
+		}
+	}
+	return nil
 }
 
 type aheadRecord struct {
@@ -124,6 +170,8 @@ type notices struct {
 	subs    map[string][]subscription
 	nsubs   int
 	ahead   map[string]aheadRecord
+	held    *heldData
+	publish atomic.Uint64 // numbers this owner's publishes
 	// waits holds, per path, a channel closed when a notice of the path
 	// arrives here, and how many waits use it.
 	waits map[string]*noticeWait
@@ -142,7 +190,8 @@ func (l *Locator) EnableNotices(ctx context.Context, self string, peers Peers, l
 		log = slog.New(slog.DiscardHandler)
 	}
 	n := &notices{l: l, self: self, peers: peers, log: log, ctx: ctx,
-		subs: make(map[string][]subscription), ahead: make(map[string]aheadRecord), waits: make(map[string]*noticeWait), refreshNow: make(chan struct{}, 1)}
+		subs: make(map[string][]subscription), ahead: make(map[string]aheadRecord), held: newHeldData(), waits: make(map[string]*noticeWait), refreshNow: make(chan struct{}, 1)}
+	n.publish.Store(uint64(time.Now().UnixNano()))
 	if err := n.refresh(ctx); err != nil {
 		return err
 	}
@@ -244,15 +293,27 @@ func (n *notices) home(path string) (Member, bool) {
 	var bestScore uint64
 	found := false
 	for _, m := range n.members {
-		h := fnv.New64a()
-		h.Write([]byte(m.Node))
-		h.Write([]byte{0})
-		h.Write([]byte(key))
-		if s := h.Sum64(); !found || s > bestScore {
+		if s := homeScore(m.Node, key); !found || s > bestScore {
 			best, bestScore, found = m, s, true
 		}
 	}
 	return best, found
+}
+
+// homeScore is node's rendezvous score for key: 64-bit FNV-1a of node, a
+// NUL byte and key (computed in place: it runs for every member on every
+// publish and lookup).
+func homeScore(node, key string) uint64 {
+	const offset, prime = 14695981039346656037, 1099511628211
+	h := uint64(offset)
+	for i := 0; i < len(node); i++ {
+		h = (h ^ uint64(node[i])) * prime
+	}
+	h *= prime // the NUL byte: h ^ 0 == h
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint64(key[i])) * prime
+	}
+	return h
 }
 
 func (n *notices) member(node string) (Member, bool) {
@@ -267,7 +328,7 @@ func (n *notices) member(node string) (Member, bool) {
 
 // send delivers a notice to m and returns the reply.
 func (n *notices) send(ctx context.Context, m Member, msg notice) ([]byte, error) {
-	b, err := json.Marshal(msg)
+	b, err := encodeNotice(msg, msg.Inline)
 	if err != nil {
 		return nil, err
 	}
@@ -286,25 +347,52 @@ func (n *notices) send(ctx context.Context, m Member, msg notice) ([]byte, error
 
 // sendAside sends a notice without waiting for it; failures only count.
 func (n *notices) sendAside(m Member, msg notice) {
+	n.sendAfter(m, msg, nil)
+}
+
+// sendAfter sends a notice without waiting for it, once after is closed (if
+// not nil); the channel it returns is closed when the notice was delivered
+// or failed.
+func (n *notices) sendAfter(m Member, msg notice, after <-chan struct{}) <-chan struct{} {
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
+		if after != nil {
+			select {
+			case <-after:
+			case <-n.ctx.Done():
+				return
+			}
+		}
 		if _, err := n.send(n.ctx, m, msg); err != nil && n.ctx.Err() == nil {
 			n.log.Debug("notice not delivered", "to", m.Node, "kind", msg.Kind, "path", msg.Path, "err", err)
 		}
 	}()
+	return done
 }
 
-// published tells path's home of rec, which this node just published.
-func (n *notices) published(rec Record) {
+// published tells path's home of rec, which this node just published as
+// its publish number publish (see nextPublish), once after is closed (if
+// not nil): the committed record follows the provisional one, so that the
+// home, given both in order, keeps the bytes the first one carries. The
+// channel returned is closed when the home was told (or could not be).
+func (n *notices) published(rec Record, publish uint64, after <-chan struct{}) <-chan struct{} {
 	h, ok := n.home(rec.Path)
 	if !ok {
-		return
+		return closedChan
 	}
 	if h.Node == n.self {
-		n.arrived(rec, true)
-		return
+		n.arrived(rec, publish, true)
+		return closedChan
 	}
-	n.sendAside(h, notice{Kind: kindPublished, Rec: &rec})
+	return n.sendAfter(h, publishedNotice(rec, publish), after)
 }
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// nextPublish numbers a publish of this node. Numbers start from the clock,
+// so that they are not reused when the daemon restarts.
+func (n *notices) nextPublish() uint64 { return n.publish.Add(1) }
 
 // unpublished tells path's home that owner withdrew its record.
 func (n *notices) unpublished(path, owner string) {
@@ -315,9 +403,17 @@ func (n *notices) unpublished(path, owner string) {
 
 // arrived takes in a record: the cache keeps it (unless provisional),
 // local waits wake, and, if this node is its home (fromOwner), subscribers
-// are sent it.
-func (n *notices) arrived(rec Record, fromOwner bool) {
+// are sent it, and the home keeps its bytes.
+func (n *notices) arrived(rec Record, publish uint64, fromOwner bool) {
 	n.mu.Lock()
+	if fromOwner {
+		if rec.Inline != nil {
+			n.held.put(rec, publish)
+		} else if !rec.Provisional {
+			n.held.commit(rec, publish)
+			rec = n.held.attach(rec)
+		}
+	}
 	if !rec.Provisional {
 		n.l.cache.put(rec)
 		delete(n.ahead, rec.Path)
@@ -353,9 +449,16 @@ func (n *notices) arrived(rec Record, fromOwner bool) {
 		}
 		if m, ok := n.member(s.node); ok {
 			n.pushed.Add(1)
-			n.sendAside(m, notice{Kind: kindPublished, Rec: &rec})
+			n.sendAside(m, publishedNotice(rec, 0))
 		}
 	}
+}
+
+// withHeld returns rec with its bytes, if this node holds them.
+func (n *notices) withHeld(rec Record) Record {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.held.attach(rec)
 }
 
 // keepAheadLocked keeps a provisional record for consumers that ask for it
@@ -372,6 +475,7 @@ func (n *notices) keepAheadLocked(rec Record) {
 			return // the consumers that ask now wait for the committed record
 		}
 	}
+	rec.Inline = nil // held apart, within its own bound
 	n.ahead[rec.Path] = aheadRecord{rec: rec, at: now}
 }
 
@@ -392,19 +496,24 @@ func (n *notices) ask(ctx context.Context, path string, after uint64, subscribe,
 		return Record{}, false, false
 	}
 	var r askReply
-	if json.Unmarshal(b, &r) != nil {
+	if decodeNotice(b, &r, &r.Inline) != nil {
 		return Record{}, false, false
 	}
-	switch {
-	case r.Rec == nil || r.Rec.Path != path:
-		return Record{}, false, true
-	case r.Rec.Provisional:
-		return *r.Rec, ahead, true
-	case r.Rec.Generation <= after:
+	if r.Rec == nil || r.Rec.Path != path {
 		return Record{}, false, true
 	}
-	n.l.cache.put(*r.Rec)
-	return *r.Rec, true, true
+	rec = *r.Rec
+	if rec.Inline = r.Inline; !inlineFits(rec) {
+		rec.Inline = nil // a transfer brings it
+	}
+	switch {
+	case rec.Provisional:
+		return rec, ahead, true
+	case rec.Generation <= after:
+		return Record{}, false, true
+	}
+	n.l.cache.put(rec)
+	return rec, true, true
 }
 
 // answer answers an ask from node: the record known here if it is newer
@@ -414,10 +523,10 @@ func (n *notices) answer(node, path string, after uint64, subscribe, withAhead b
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if rec, ok := n.l.cache.get(path); ok && rec.Generation > after {
-		return rec, true
+		return n.held.attach(rec), true
 	}
 	if a, ok := n.ahead[path]; ok && withAhead && time.Since(a.at) < aheadTTL {
-		return a.rec, true
+		return n.held.attach(a.rec), true
 	}
 	if !subscribe {
 		return Record{}, false
@@ -532,7 +641,7 @@ func (n *notices) wait(ctx context.Context, path string, after uint64, ahead boo
 		switch {
 		case woken:
 			n.woken.Add(1)
-			if w.rec.Provisional && ahead {
+			if (w.rec.Provisional && ahead) || w.rec.Generation > after {
 				return w.rec, nil
 			}
 		case stored:
@@ -580,7 +689,7 @@ func (l *Locator) HandleMessage(ctx context.Context, from string, msg []byte) ([
 		return nil, errors.New("this node takes no notices")
 	}
 	var in notice
-	if err := json.Unmarshal(msg, &in); err != nil {
+	if err := decodeNotice(msg, &in, &in.Inline); err != nil {
 		return nil, fmt.Errorf("bad notice: %w", err)
 	}
 	n.received.Add(1)
@@ -599,12 +708,16 @@ func (l *Locator) HandleMessage(ctx context.Context, from string, msg []byte) ([
 			return nil, errors.New("bad notice: no record")
 		}
 		rec := *in.Rec
+		rec.Inline = in.Inline
 		if _, err := CleanPath(rec.Path); err != nil || rec.Owner == "" || (rec.Generation == 0) != rec.Provisional {
-			return nil, fmt.Errorf("bad notice: record %+v", rec)
+			return nil, fmt.Errorf("bad notice: record %+v", *in.Rec)
+		}
+		if !inlineFits(rec) {
+			return nil, fmt.Errorf("bad notice: %d bytes sent with a record of %s of %d bytes", len(rec.Inline.Data), rec.Path, rec.Size)
 		}
 		// From the owner, this node is the home; otherwise it is a home
 		// passing the record on to this subscriber.
-		n.arrived(rec, rec.Owner == from)
+		n.arrived(rec, in.Publish, rec.Owner == from)
 		return nil, nil
 	case kindUnpublished:
 		n.mu.Lock()
@@ -613,6 +726,9 @@ func (l *Locator) HandleMessage(ctx context.Context, from string, msg []byte) ([
 		}
 		if a, ok := n.ahead[in.Path]; ok && a.rec.Owner == in.Owner && in.Owner == from {
 			delete(n.ahead, in.Path)
+		}
+		if in.Owner == from {
+			n.held.drop(in.Path, in.Owner)
 		}
 		n.mu.Unlock()
 		return nil, nil
@@ -624,7 +740,7 @@ func (l *Locator) HandleMessage(ctx context.Context, from string, msg []byte) ([
 		if !found {
 			return json.Marshal(askReply{})
 		}
-		return json.Marshal(askReply{Rec: &rec})
+		return encodeNotice(askReply{Rec: &rec, Inline: rec.Inline}, rec.Inline)
 	}
 	return nil, fmt.Errorf("bad notice: unknown kind %q", in.Kind)
 }

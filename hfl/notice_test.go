@@ -58,6 +58,11 @@ func (p *memPeers) Message(ctx context.Context, addr, node string, msg []byte) (
 // noticeCluster makes n locators sharing one store, with notices on.
 func noticeCluster(t *testing.T, n int, store *slowStore) ([]*Locator, *memNet) {
 	t.Helper()
+	return noticeClusterOver(t, n, store)
+}
+
+func noticeClusterOver(t *testing.T, n int, store Store) ([]*Locator, *memNet) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	net := &memNet{locs: map[string]*Locator{}, down: map[string]bool{}}
@@ -294,6 +299,7 @@ func FuzzHandleMessage(f *testing.F) {
 	f.Add([]byte(`{"k":"pub","rec":{"path":"a/b","owner":"n1","gen":7}}`))
 	f.Add([]byte(`{"k":"ask","path":"a/b","after":3,"sub":true}`))
 	f.Add([]byte(`{"k":"unpub","path":"a/b","owner":"n1"}`))
+	f.Add([]byte(`{"k":"pub","rec":{"path":"a/b","owner":"n1","size":2,"prov":true},"inline":{"uid":1},"pn":3}` + "\x00ab"))
 	store := NewEmbeddedStore()
 	l, err := NewLocator(DefaultLocatorConfig(), store, nil)
 	if err != nil {

@@ -33,6 +33,10 @@ type Record struct {
 	// the store is still committing it: it has no generation yet, the
 	// owner serves the file it describes, and no store or cache keeps it.
 	Provisional bool `json:"prov,omitempty"`
+	// Inline is a small file's content, sent with the notices of its
+	// publish so that a consumer needs no transfer. No store or cache
+	// keeps it.
+	Inline *Inline `json:"-"`
 }
 
 // ErrNotFound means the store holds no record under the key.

@@ -49,7 +49,9 @@ func failsWithEIO(t *testing.T, what string, ch <-chan result) {
 func faultedTransfer(t *testing.T, during bool, cut, restore func(a *node)) {
 	c := newCluster(t, 2)
 	a, b := c.nodes[0], c.nodes[1]
-	size := 4096
+	// Larger than a file whose bytes travel with its notices: the home
+	// keeps those, and a consumer needs no transfer from the owner.
+	size := 64 << 10
 	if during {
 		size = 32 << 20
 	}
@@ -149,20 +151,28 @@ func TestClusterEtcdRestart(t *testing.T) {
 
 // TestClusterEtcdDownAtWaitAndPublish: with etcd down, a consumer starts
 // waiting and the producer publishes; once etcd is back the publish lands
-// (it is retried) and the consumer wakes.
+// (it is retried) and the consumer wakes. A small file, whose bytes travel
+// with its notice, reaches its waiting consumer while etcd is still down:
+// it is complete, and its home heard of it.
 func TestClusterEtcdDownAtWaitAndPublish(t *testing.T) {
 	c := newCluster(t, 2)
 	a, b := c.nodes[0], c.nodes[1]
 	c.stopEtcd()
-	reader := b.startSh("cat down/f")
-	b.waitStatus("reader waiting", func(st fs.Status) bool { return st.DMD.OpensWaited >= 1 })
-	a.mustSh("mkdir down && echo while-down > down/f")
-	a.waitStatus("publish queued for retry", func(st fs.Status) bool { return st.DMD.PendingPublishes == 1 })
+	reader := b.startSh("sha256sum down/f")
+	small := b.startSh("cat down/small")
+	b.waitStatus("readers waiting", func(st fs.Status) bool { return st.DMD.OpensWaited >= 2 })
+	a.mustSh("mkdir down && head -c 65536 /dev/urandom > down/f && echo while-down > down/small")
+	want := sha(a, "down/f")
+	a.waitStatus("publishes queued for retry", func(st fs.Status) bool { return st.DMD.PendingPublishes == 2 })
+	if r := within(t, "reader of the small file", bound, small); r.err != nil || r.stdout != "while-down\n" {
+		t.Fatalf("reader of the small file: %v", r)
+	}
 	if r, waiting := notYet(reader); !waiting {
 		t.Fatalf("the reader finished while etcd was down: %v", r)
 	}
 	c.startEtcd()
-	if r := within(t, "reader", bound, reader); r.err != nil || r.stdout != "while-down\n" {
-		t.Fatalf("reader: %v", r)
+	if r := within(t, "reader", bound, reader); r.err != nil || strings.Fields(r.stdout)[0] != want {
+		t.Fatalf("reader: %v, want sha256 %s", r, want)
 	}
+	a.waitStatus("publishes landed", func(st fs.Status) bool { return st.DMD.PendingPublishes == 0 })
 }

@@ -57,8 +57,8 @@ func TestClusterConsumerWaitsFirst(t *testing.T) {
 	if st.Size != 5<<30 || st.Blocks*512 > 1<<20 {
 		t.Fatalf("the consumer's copy of the sparse file: size %d, %d bytes allocated; want 5 GiB with holes", st.Size, st.Blocks*512)
 	}
-	if n := transferCount(b.status()); n != uint64(len(files)) {
-		t.Fatalf("consumer made %d transfers, want %d", n, len(files))
+	if n := copyCount(b.status()); n != uint64(len(files)) {
+		t.Fatalf("consumer made %d copies, want %d", n, len(files))
 	}
 }
 

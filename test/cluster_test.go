@@ -334,12 +334,20 @@ func (n *node) waitStatus(what string, cond func(fs.Status) bool) {
 }
 
 // transferCount is how many files a node fetched, from its status.
-func transferCount(st fs.Status) uint64 {
+func transferCount(st fs.Status) uint64 { return transportCounter(st, "transfers") }
+
+// copyCount is how many files a node copied from other nodes: fetched, or
+// made from the bytes a small file's notice carried.
+func copyCount(st fs.Status) uint64 {
+	return transportCounter(st, "transfers") + transportCounter(st, "from_notices")
+}
+
+func transportCounter(st fs.Status, name string) uint64 {
 	tr, ok := st.Extra["transport"].(map[string]any)
 	if !ok {
 		return 0
 	}
-	n, _ := tr["transfers"].(float64)
+	n, _ := tr[name].(float64)
 	return uint64(n)
 }
 

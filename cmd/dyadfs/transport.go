@@ -126,6 +126,7 @@ func (s *sharing) status() map[string]any {
 			"transfers":        st.Transfers.Load(),
 			"bytes":            st.Bytes.Load(),
 			"joined_transfers": st.Joined.Load(),
+			"from_notices":     st.FromNotices.Load(),
 			"retries":          st.Retries.Load(),
 			"failed_transfers": st.Failures.Load(),
 		},

@@ -90,7 +90,9 @@ func (d *DMD) WaitPath(ctx context.Context, rel string) (string, error) {
 	d.stats.opensWaited.Add(1)
 	defer func() { d.stats.waited(time.Since(start)) }()
 
-	var ahead hfl.Record // a record sent ahead of its publish
+	// A record that arrived with a notice: sent ahead of its publish, or
+	// carrying the file's bytes.
+	var arrived hfl.Record
 	committedOnly := false
 	for {
 		// Watch before looking, so that a change between the look and
@@ -99,15 +101,16 @@ func (d *DMD) WaitPath(ctx context.Context, rel string) (string, error) {
 		var p string
 		var after uint64
 		var err error
-		if ahead.Provisional {
-			p, after, err = d.fetchLocated(ctx, rel, ahead)
-			ahead = hfl.Record{}
+		if arrived.Path == "" {
+			p, after, arrived, err = d.locateOnce(ctx, rel, !committedOnly)
+		}
+		if err == nil && p == "" && arrived.Path != "" {
+			p, after, err = d.fetchLocated(ctx, rel, arrived)
 			// A record sent ahead that could not be fetched (the
 			// owner is rewriting the file, say) is not taken again:
 			// wait for what the store commits.
-			committedOnly = true
-		} else {
-			p, after, err = d.locateOnce(ctx, rel)
+			committedOnly = committedOnly || arrived.Provisional
+			arrived = hfl.Record{}
 		}
 		if err != nil || p != "" {
 			d.unwatch(rel, w)
@@ -119,7 +122,7 @@ func (d *DMD) WaitPath(ctx context.Context, rel string) (string, error) {
 			// does not show it yet (attribute caches): look again soon.
 			recheck = sharedRecheck
 		}
-		ahead, err = d.waitChange(ctx, rel, w, after, recheck, !committedOnly)
+		arrived, err = d.waitChange(ctx, rel, w, after, recheck, !committedOnly)
 		d.unwatch(rel, w)
 		if err != nil {
 			return "", err
@@ -133,27 +136,32 @@ const sharedRecheck = 100 * time.Millisecond
 
 // locateOnce looks for rel through the locator. It returns the backing path
 // when the file is complete here (fetching it if it is complete elsewhere),
-// or the generation to wait past.
-func (d *DMD) locateOnce(ctx context.Context, rel string) (path string, after uint64, err error) {
+// or the generation to wait past. With takeAhead, the locator may find a
+// record sent ahead of its publish: that is returned as arrived, for the
+// caller to fetch.
+func (d *DMD) locateOnce(ctx context.Context, rel string, takeAhead bool) (path string, after uint64, arrived hfl.Record, err error) {
 	if err := d.notRegularHere(rel); err != nil {
-		return "", 0, err
+		return "", 0, hfl.Record{}, err
 	}
-	rec, level, err := d.loc.Locate(ctx, rel)
+	rec, level, err := d.loc.LocateWaiting(ctx, rel, takeAhead)
 	switch {
 	case errors.Is(err, hfl.ErrNotFound):
-		return "", 0, nil
+		return "", 0, hfl.Record{}, nil
 	case err != nil:
 		if ctx.Err() != nil {
-			return "", 0, d.waitErr(ctx)
+			return "", 0, hfl.Record{}, d.waitErr(ctx)
 		}
 		// The store is unreachable (restarting, say): keep waiting; the
 		// wait reconnects and sees what is published meanwhile.
 		d.log.Warn("metadata store unavailable while locating; waiting", "path", rel, "err", err)
-		return "", 0, nil
+		return "", 0, hfl.Record{}, nil
 	case level == hfl.LevelLocal:
-		return d.BackingPath(rel), 0, nil
+		return d.BackingPath(rel), 0, hfl.Record{}, nil
+	case rec.Provisional:
+		return "", 0, rec, nil
 	}
-	return d.fetchLocated(ctx, rel, rec)
+	path, after, err = d.fetchLocated(ctx, rel, rec)
+	return path, after, hfl.Record{}, err
 }
 
 // fetchLocated fetches rel as rec, found by the locator (or sent ahead of
@@ -196,7 +204,8 @@ func (d *DMD) fetchLocated(ctx context.Context, rel string, rec hfl.Record) (pat
 // newer than after reaches the global store, or the wait ends.
 //
 // It returns the record that arrived if it was sent ahead of its publish
-// (provisional): the caller fetches it without asking the locator again.
+// (provisional) or carries the file's bytes: the caller fetches it without
+// asking the locator again.
 func (d *DMD) waitChange(ctx context.Context, rel string, w *pathWatch, after uint64, recheck time.Duration, takeAhead bool) (hfl.Record, error) {
 	gctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -227,7 +236,7 @@ func (d *DMD) waitChange(ctx context.Context, rel string, w *pathWatch, after ui
 	case a := <-global:
 		if a.err == nil {
 			d.log.Debug("record arrived", "path", rel, "provisional", a.rec.Provisional)
-			if a.rec.Provisional {
+			if a.rec.Provisional || a.rec.Inline != nil {
 				return a.rec, nil
 			}
 			return hfl.Record{}, nil

@@ -2,6 +2,10 @@ package dmd
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
 	"syscall"
 	"time"
 
@@ -193,6 +197,10 @@ func (w *Writer) End(ctx context.Context, fd int, rel string) error {
 		// Changed here, a fetched copy is this node's own file now.
 		clearReplica(fd)
 	}
+	var inline *hfl.Inline
+	if changed {
+		inline = d.inlineOf(fd, &st)
+	}
 
 	d.mu.Lock()
 	if ws.writers > 0 {
@@ -223,10 +231,37 @@ func (w *Writer) End(ctx context.Context, fd int, rel string) error {
 		}
 		d.notify(name)
 		if changed {
-			d.publish(ctx, recordOf(name, d.cfg.Node, &st))
+			rec := recordOf(name, d.cfg.Node, &st)
+			rec.Inline = inline
+			d.publish(ctx, rec)
 		}
 	}
 	return nil
+}
+
+// inlineOf reads a small file that is about to be published, so that its
+// bytes go with the notices of the publish (see hfl.Record.Inline). It
+// returns nil if the file is larger than hfl.InlineMax, nobody is told of
+// publishes, or the file changed while it was read.
+func (d *DMD) inlineOf(fd int, st *syscall.Stat_t) *hfl.Inline {
+	if st.Size > hfl.InlineMax || d.cfg.SharedStorage || !d.loc.NoticesOn() {
+		return nil
+	}
+	buf := make([]byte, st.Size)
+	n, err := syscall.Pread(fd, buf, 0)
+	if errors.Is(err, syscall.EBADF) {
+		// Written through a write-only descriptor: read through another.
+		var f *os.File
+		if f, err = os.Open(fmt.Sprintf("/proc/self/fd/%d", fd)); err == nil {
+			n, err = f.ReadAt(buf, 0)
+			f.Close()
+		}
+	}
+	var after syscall.Stat_t
+	if (err != nil && !errors.Is(err, io.EOF)) || int64(n) != st.Size || syscall.Fstat(fd, &after) != nil || stampOf(&after) != stampOf(st) {
+		return nil // a transfer will bring what is published
+	}
+	return &hfl.Inline{Data: buf, Uid: st.Uid, Gid: st.Gid}
 }
 
 // keepIncomplete leaves a file whose last writer failed busy and marked:
