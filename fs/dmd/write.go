@@ -234,6 +234,15 @@ func (w *Writer) End(ctx context.Context, fd int, rel string) error {
 			rec := recordOf(name, d.cfg.Node, &st)
 			rec.Inline = inline
 			d.publish(ctx, rec)
+			// Release is asynchronous: a rename may have taken the
+			// name while it was published, and the rename's
+			// unpublish may have come before this publish landed.
+			if !d.names(name, w.id) {
+				d.unpublish(ctx, name)
+				if d.existsHere(name) {
+					d.Changed(ctx, name) // what took the name
+				}
+			}
 		}
 	}
 	return nil
