@@ -139,9 +139,6 @@ func decodeNotice(msg []byte, v any, inline **Inline) error {
 	}
 	if withData {
 		(*inline).Data = bytes.Clone(data)
-		if (*inline).Data == nil {
-			(*inline).Data = []byte{}
-		}
 	}
 	return nil
 }
