@@ -346,8 +346,8 @@ func statFiles(dir string, n int) error {
 	return nil
 }
 
-// wakeLatency measures, n times, the time from a producer's close of a new
-// file to the return of a reader's open that was waiting for it.
+// wakeLatency measures, n times, the time from a producer's call to close
+// of a new file to the return of a reader's open that was waiting for it.
 func wakeLatency(mnt string, n int) ([]float64, error) {
 	dir := filepath.Join(mnt, "wake")
 	if err := os.Mkdir(dir, 0o755); err != nil {
@@ -387,15 +387,20 @@ func wakeLatency(mnt string, n int) ([]float64, error) {
 	return out, nil
 }
 
-// produce writes a 4 KiB file and returns when its close returned.
+// produce writes a 4 KiB file and returns the time it called close. The
+// latency is measured from that call: the kernel may wake a reader (an
+// inotify IN_CLOSE_WRITE event is sent from within close) before close
+// returns to the producer, so a clock read after close could come after
+// the reader's and give a negative latency.
 func produce(p string) (time.Time, error) {
 	fd, err := syscall.Open(p, syscall.O_CREAT|syscall.O_WRONLY|syscall.O_TRUNC|syscall.O_CLOEXEC, 0o644)
 	if err != nil {
 		return time.Time{}, err
 	}
 	syscall.Write(fd, make([]byte, 4096))
+	closing := time.Now()
 	err = syscall.Close(fd)
-	return time.Now(), err
+	return closing, err
 }
 
 // inotifyLatency is the native counterpart: a reader blocked on inotify
