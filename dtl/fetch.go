@@ -254,7 +254,7 @@ func (f *Fetcher) fromNotice(rec hfl.Record) bool {
 	if int64(len(in.Data)) != rec.Size {
 		return false
 	}
-	info := FileInfo{Size: rec.Size, Mode: rec.Mode, Uid: in.Uid, Gid: in.Gid, MtimeNs: rec.MtimeNs, Generation: rec.Generation}
+	info := FileInfo{Size: rec.Size, Mode: rec.Mode, Uid: rec.Uid, Gid: rec.Gid, MtimeNs: rec.MtimeNs, Generation: rec.Generation}
 	installed, err := f.install(rec, func(tmp *os.File) (FileInfo, error) {
 		_, err := tmp.Write(in.Data)
 		return info, err

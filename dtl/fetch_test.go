@@ -242,7 +242,7 @@ func TestFetchFromNoticeBytes(t *testing.T) {
 	for _, data := range [][]byte{{}, []byte("x"), bytes.Repeat([]byte("n"), hfl.InlineMax)} {
 		path := fmt.Sprintf("inline/%d", len(data))
 		rec := hfl.Record{Path: path, Owner: "owner", Size: int64(len(data)), Mode: 0o100604, MtimeNs: mtime.UnixNano(),
-			Inline: &hfl.Inline{Data: data, Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())}}
+			Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid()), Inline: &hfl.Inline{Data: data}}
 		if err := fx.fetcher.Fetch(context.Background(), rec); err != nil {
 			t.Fatalf("%s: %v", path, err)
 		}

@@ -56,8 +56,10 @@ type Status struct {
 	// Panics counts bugs: handlers that panicked (and answered EIO).
 	Panics uint64 `json:"panics"`
 	// Intent counts how lookups of missing names were classified.
-	Intent  map[string]uint64 `json:"lookup_intent"`
-	DMD     dmd.Stats         `json:"dmd"`
+	Intent map[string]uint64 `json:"lookup_intent"`
+	DMD    dmd.Stats         `json:"dmd"`
+	// Waiters lists the opens that wait now, longest first.
+	Waiters []dmd.Waiter      `json:"waiting_opens"`
 	Locator hfl.LocatorStats  `json:"locator"`
 	Ops     map[string]OpStat `json:"ops"`
 	Errnos  map[string]uint64 `json:"errors_by_errno"`
@@ -90,10 +92,13 @@ func (fsys *FS) Status() Status {
 			"traverse":  fsys.intent.traverse.Load(),
 			"other":     fsys.intent.other.Load(),
 			"unknown":   fsys.intent.unknown.Load(),
+			// Opens of missing paths whose process said it does not wait.
+			"no_wait": fsys.intent.noWait.Load(),
 			// Times /proc said the caller was still running.
 			"proc_retries": caller.Retries.Load(),
 		},
 		DMD:     fsys.dmd.Stats(),
+		Waiters: fsys.dmd.Waiters(),
 		Locator: fsys.dmd.Locator().Stats(),
 		Ops:     ops,
 		Errnos:  errnos,

@@ -3,6 +3,7 @@ package fs
 import (
 	"bytes"
 	"context"
+	"os"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -16,7 +17,8 @@ import (
 // directory, which users cannot create, replace or remove.
 func (n *node) reserved(name string) bool { return n.isRoot() && name == dmd.InternalDir }
 
-// Mkdir implements gofs.NodeMkdirer.
+// Mkdir implements gofs.NodeMkdirer. The directory is published, so that
+// every node shows it.
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if n.reserved(name) {
 		return nil, syscall.EEXIST
@@ -24,8 +26,10 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	ch, errno := n.LoopbackNode.Mkdir(ctx, name, mode, out)
 	if errno == 0 {
 		n.fsys.cached(out)
+		rel := n.childRel(name)
 		// A reader waiting for a file of that name gives up.
-		n.fsys.dmd.Changed(ctx, n.childRel(name))
+		n.fsys.dmd.Changed(ctx, rel)
+		n.fsys.dmd.Made(ctx, rel)
 	}
 	return ch, errno
 }
@@ -40,13 +44,15 @@ func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 		n.fsys.cached(out)
 		if mode&syscall.S_IFMT == syscall.S_IFREG {
 			n.fsys.dmd.Changed(ctx, n.childRel(name))
+		} else {
+			n.fsys.dmd.Made(ctx, n.childRel(name))
 		}
 	}
 	return ch, errno
 }
 
-// Symlink implements gofs.NodeSymlinker. Symbolic links are not published:
-// readers follow them to the files they name.
+// Symlink implements gofs.NodeSymlinker. The link is published, so that
+// every node shows it; readers follow it to the files it names.
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if n.reserved(name) {
 		return nil, syscall.EEXIST
@@ -54,51 +60,98 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	ch, errno := n.LoopbackNode.Symlink(ctx, target, name, out)
 	if errno == 0 {
 		n.fsys.cached(out)
-		n.fsys.dmd.Changed(ctx, n.childRel(name))
+		rel := n.childRel(name)
+		n.fsys.dmd.Changed(ctx, rel)
+		n.fsys.dmd.Made(ctx, rel)
 	}
 	return ch, errno
 }
 
 // Link implements gofs.NodeLinker: the new name of a complete file is
-// published.
+// published. A file published elsewhere is brought here first (hard links
+// are this node's: other nodes see two files).
 func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if n.reserved(name) {
 		return nil, syscall.EEXIST
 	}
+	fsys, d := n.fsys, n.fsys.dmd
+	rel := n.childRel(name)
+	if r, ok := target.(*remoteNode); ok {
+		trel := r.rel()
+		if err := d.Materialize(ctx, trel, callerTid(ctx)); err != nil {
+			return nil, fsys.errno("link", trel, err)
+		}
+		d.Adopt(trel)
+		if err := syscall.Link(d.BackingPath(trel), d.BackingPath(rel)); err != nil {
+			return nil, fsys.errno("link", rel, err)
+		}
+		defer fsys.forget(trel)
+		ch, errno := n.LoopbackNode.Lookup(ctx, name, out)
+		if errno == 0 {
+			fsys.cached(out)
+			d.Changed(ctx, trel)
+			d.Changed(ctx, rel)
+		}
+		return ch, errno
+	}
 	ch, errno := n.LoopbackNode.Link(ctx, target, name, out)
 	if errno == 0 {
-		n.fsys.cached(out)
-		n.fsys.dmd.Changed(ctx, n.childRel(name))
+		fsys.cached(out)
+		d.Changed(ctx, rel)
 	}
 	return ch, errno
 }
 
-// Unlink implements gofs.NodeUnlinker: an unlinked file is unpublished.
+// Unlink implements gofs.NodeUnlinker: an unlinked file is removed from the
+// namespace, and every node that had it is told before the call returns.
+// A file published elsewhere is unlinked there too.
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	if n.reserved(name) {
 		return syscall.EPERM
 	}
+	d := n.fsys.dmd
 	rel := n.childRel(name)
 	var st syscall.Stat_t
-	statErr := syscall.Lstat(n.fsys.dmd.BackingPath(rel), &st)
+	statErr := syscall.Lstat(d.BackingPath(rel), &st)
+	if statErr != nil && !d.Solo() {
+		return n.fsys.errno("unlink", rel, d.RemoveName(ctx, rel))
+	}
 	errno := n.LoopbackNode.Unlink(ctx, name)
-	if errno == 0 && statErr == nil && st.Mode&syscall.S_IFMT == syscall.S_IFREG {
-		n.fsys.dmd.Removed(ctx, rel, dmd.IDOf(&st), st.Nlink <= 1)
+	if errno == 0 && statErr == nil && (st.Mode&syscall.S_IFMT == syscall.S_IFREG || !d.Solo()) {
+		d.Removed(ctx, rel, dmd.IDOf(&st), st.Nlink <= 1)
 	}
 	return errno
 }
 
-// Rmdir implements gofs.NodeRmdirer.
+// Rmdir implements gofs.NodeRmdirer. A directory that holds files published
+// elsewhere is not empty.
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if n.reserved(name) {
 		return syscall.EPERM
 	}
-	return n.LoopbackNode.Rmdir(ctx, name)
+	d := n.fsys.dmd
+	rel := n.childRel(name)
+	if !d.Solo() {
+		empty, err := d.DirEmptyElsewhere(ctx, rel)
+		if err != nil {
+			return n.fsys.errno("rmdir", rel, err)
+		}
+		if !empty {
+			return syscall.ENOTEMPTY
+		}
+	}
+	errno := n.LoopbackNode.Rmdir(ctx, name)
+	if errno == 0 {
+		d.RemovedDir(ctx, rel)
+	}
+	return errno
 }
 
 // Rename implements gofs.NodeRenamer: records follow renamed files, and a
 // rename onto a name someone waits for (the write-then-rename pattern)
-// completes the wait.
+// completes the wait. A file published elsewhere is brought here first; a
+// directory moves only if everything in it is here (else EXDEV: mv copies
+// it). Every node is told before the call returns.
 func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	np, ok := newParent.(*node)
 	if !ok {
@@ -107,29 +160,53 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if n.reserved(name) || np.reserved(newName) {
 		return syscall.EPERM
 	}
+	fsys, d := n.fsys, n.fsys.dmd
 	oldRel, newRel := n.childRel(name), np.childRel(newName)
+	if !d.Solo() {
+		if err := d.Materialize(ctx, oldRel, callerTid(ctx)); err != nil {
+			return fsys.errno("rename", oldRel, err)
+		}
+		if flags&unix.RENAME_EXCHANGE != 0 {
+			if err := d.Materialize(ctx, newRel, callerTid(ctx)); err != nil {
+				return fsys.errno("rename", newRel, err)
+			}
+		} else if fi, err := os.Lstat(d.BackingPath(newRel)); err == nil && fi.IsDir() {
+			if empty, err := d.DirEmptyElsewhere(ctx, newRel); err != nil {
+				return fsys.errno("rename", newRel, err)
+			} else if !empty {
+				return syscall.ENOTEMPTY
+			}
+		}
+		defer fsys.forget(oldRel)
+		defer fsys.forget(newRel)
+	}
 	var target syscall.Stat_t
-	targetErr := syscall.Lstat(n.fsys.dmd.BackingPath(newRel), &target)
+	targetErr := syscall.Lstat(d.BackingPath(newRel), &target)
 	errno := n.LoopbackNode.Rename(ctx, name, &np.LoopbackNode, newName, flags)
 	if errno != 0 {
 		return errno
 	}
 	if flags&unix.RENAME_EXCHANGE != 0 {
-		n.fsys.dmd.Republish(ctx, oldRel)
-		n.fsys.dmd.Republish(ctx, newRel)
+		d.Republish(ctx, oldRel)
+		d.Republish(ctx, newRel)
 		return 0
 	}
 	if targetErr == nil && target.Mode&syscall.S_IFMT == syscall.S_IFREG {
 		// The file the rename replaced may have been half-written.
-		n.fsys.dmd.Replaced(dmd.IDOf(&target), target.Nlink <= 1)
+		d.Replaced(dmd.IDOf(&target), target.Nlink <= 1)
 	}
-	n.fsys.dmd.Renamed(ctx, oldRel, newRel)
+	d.Renamed(ctx, oldRel, newRel)
 	return 0
 }
 
-// OpendirHandle implements gofs.NodeOpendirHandler: the root's listing
-// hides the control directory.
+// OpendirHandle implements gofs.NodeOpendirHandler. With other nodes, the
+// listing is the backing directory's entries and the namespace's (what is
+// published elsewhere), each name once; the root's listing hides the
+// control directory.
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if !n.fsys.dmd.Solo() {
+		return n.fsys.openListing(ctx, n.rel(), n.isRoot())
+	}
 	fh, fuseFlags, errno := n.LoopbackNode.OpendirHandle(ctx, flags)
 	if errno != 0 || !n.isRoot() {
 		return fh, fuseFlags, errno

@@ -39,6 +39,10 @@ type Config struct {
 	Xattrs bool
 	// AllowOther lets users other than the mounter use the mount.
 	AllowOther bool
+	// WaitMissing is what a read-only open of a path published nowhere
+	// does when its process says nothing (see caller.RoleOf): wait for
+	// the path (true), or fail with ENOENT.
+	WaitMissing bool
 	// Options are extra mount options (-o).
 	Options []string
 	// Debug logs every FUSE request.
@@ -53,7 +57,7 @@ type Config struct {
 
 // DefaultConfig returns the defaults; Mountpoint must still be set.
 func DefaultConfig() Config {
-	return Config{CacheTTL: time.Hour, Passthrough: true}
+	return Config{CacheTTL: time.Hour, Passthrough: true, WaitMissing: true}
 }
 
 // Validate checks the configuration.
@@ -115,6 +119,7 @@ func Mount(cfg Config, d *dmd.DMD, log *slog.Logger) (*FS, error) {
 		return nil, fmt.Errorf("mount %s: %w", cfg.Mountpoint, err)
 	}
 	fsys.server = server
+	d.SetNotifier(kernelNotifier{fsys})
 	fsys.passthrough = fsys.probePassthrough()
 	log.Info("mounted", "mountpoint", cfg.Mountpoint, "backing", d.Config().Backing, "passthrough", fsys.passthrough)
 	go fsys.watchDetach()

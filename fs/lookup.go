@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path"
 	"sync/atomic"
@@ -15,54 +16,101 @@ import (
 
 // intentStats counts how LOOKUPs of missing names were classified.
 type intentStats struct {
-	openFile, traverse, other, unknown atomic.Uint64
+	openFile, traverse, other, unknown, noWait atomic.Uint64
 }
 
-// Lookup implements gofs.NodeLookuper. An existing name is a cached loopback
-// entry. A missing name answers ENOENT at once, unless the caller is opening
-// it (or a path through it) read-only: then the answer is a placeholder whose
-// OPEN waits, outside any directory lock, until the file is published.
+// Lookup implements gofs.NodeLookuper. A name the backing directory has in
+// its current version is a cached loopback entry. A name published
+// elsewhere is shown with its record's attributes (a directory gets a
+// shadow here; a file or link is a remoteNode, whose data comes when it is
+// opened). A name published nowhere answers ENOENT at once, unless the
+// caller is opening it (or a path through it) read-only and waits: then the
+// answer is a placeholder whose OPEN waits, outside any directory lock,
+// until the file is published.
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if n.reserved(name) {
 		return n.fsys.controlDir(ctx), 0
 	}
+	fsys, d := n.fsys, n.fsys.dmd
+	rel := n.childRel(name)
 	ch, errno := n.LoopbackNode.Lookup(ctx, name, out)
 	if errno == 0 {
-		n.fsys.cached(out)
-		return ch, 0
-	}
-	if errno != syscall.ENOENT {
+		if out.Mode&syscall.S_IFMT != syscall.S_IFREG || d.CurrentHere(ctx, rel) {
+			fsys.cached(out)
+			fsys.copyTimes(rel, &out.Attr)
+			return ch, 0
+		}
+		// A copy of an older version (now removed), or this node's file
+		// replaced elsewhere: what the namespace has now is shown.
+	} else if errno != syscall.ENOENT {
 		return nil, errno
 	}
-	if ch, errno := n.fsys.lookupMissing(ctx, n.EmbeddedInode(), n.childRel(name), out, false); ch != nil || errno != 0 {
+	var call caller.Call
+	callErr := errNotRead
+	if !d.Solo() {
+		call, callErr = caller.ReadCall(callerTid(ctx))
+		creating := callErr == nil && call.Open && call.Flags&syscall.O_CREAT != 0
+		rec, ok, err := d.Entry(ctx, rel, creating)
+		if err != nil {
+			// Creates must not fail because the namespace cannot be
+			// asked: the name is taken for missing.
+			fsys.log.Warn("cannot look a name up in the namespace; taken for missing", "path", rel, "err", err)
+		}
+		if ok {
+			if rec.IsDir() {
+				if err := d.ShadowDir(ctx, rel, rec); err != nil {
+					return nil, fsys.errno("lookup", rel, err)
+				}
+				if ch, errno := n.LoopbackNode.Lookup(ctx, name, out); errno == 0 {
+					fsys.cached(out)
+					return ch, 0
+				}
+				return nil, syscall.EIO
+			}
+			return fsys.remote(ctx, n.EmbeddedInode(), rel, rec, out), 0
+		}
+	}
+	if ch, errno := fsys.lookupMissing(ctx, n.EmbeddedInode(), rel, out, false, call, callErr); ch != nil || errno != 0 {
 		return ch, errno
 	}
 	// The name appeared while we looked (a create in progress): answer
 	// with the real file rather than a placeholder that would replace it.
 	ch, errno = n.LoopbackNode.Lookup(ctx, name, out)
 	if errno == 0 {
-		n.fsys.cached(out)
+		fsys.cached(out)
 	}
 	return ch, errno
 }
 
+// errNotRead stands for a caller's syscall not read yet.
+var errNotRead = os.ErrInvalid
+
 // lookupMissing decides what a LOOKUP of the missing path rel answers: a
 // placeholder or ENOENT. Below a placeholder directory every answer is a
 // placeholder; elsewhere, if rel exists by now, it answers (nil, 0) to say
-// "look it up again".
-func (fsys *FS) lookupMissing(ctx context.Context, parent *gofs.Inode, rel string, out *fuse.EntryOut, belowPlaceholder bool) (*gofs.Inode, syscall.Errno) {
+// "look it up again". call is the caller's syscall, if callErr is nil
+// (errNotRead: read it here).
+func (fsys *FS) lookupMissing(ctx context.Context, parent *gofs.Inode, rel string, out *fuse.EntryOut, belowPlaceholder bool, call caller.Call, callErr error) (*gofs.Inode, syscall.Errno) {
 	tid := callerTid(ctx)
-	call, err := caller.ReadCall(tid)
-	if err != nil {
+	if callErr == errNotRead {
+		call, callErr = caller.ReadCall(tid)
+	}
+	if callErr != nil {
 		fsys.intent.unknown.Add(1)
-		fsys.log.Debug("cannot tell what the caller of a lookup is doing; answering ENOENT", "path", rel, "tid", tid, "err", err)
+		fsys.log.Debug("cannot tell what the caller of a lookup is doing; answering ENOENT", "path", rel, "tid", tid, "err", callErr)
 		return nil, syscall.ENOENT
 	}
 	intent := caller.Classify(call, tid, fsys.cfg.Mountpoint, rel)
-	if !belowPlaceholder && (intent == caller.OpenFile || intent == caller.Traverse) {
-		var st syscall.Stat_t
-		if syscall.Lstat(fsys.dmd.BackingPath(rel), &st) == nil {
-			return nil, 0
+	if intent == caller.OpenFile || intent == caller.Traverse {
+		if !belowPlaceholder {
+			var st syscall.Stat_t
+			if syscall.Lstat(fsys.dmd.BackingPath(rel), &st) == nil {
+				return nil, 0
+			}
+		}
+		if !fsys.waits(tid, rel) {
+			fsys.intent.noWait.Add(1)
+			return nil, syscall.ENOENT
 		}
 	}
 	switch intent {
@@ -78,6 +126,19 @@ func (fsys *FS) lookupMissing(ctx context.Context, parent *gofs.Inode, rel strin
 		fsys.intent.unknown.Add(1)
 	}
 	return nil, syscall.ENOENT
+}
+
+// waits reports whether the process of thread tid, opening rel (missing)
+// read-only, waits for it: what its environment says (see caller.RoleOf),
+// else the mount's default.
+func (fsys *FS) waits(tid uint32, rel string) bool {
+	switch caller.RoleOf(tid, path.Join(fsys.cfg.Mountpoint, rel)) {
+	case caller.RoleWait:
+		return true
+	case caller.RoleNoWait:
+		return false
+	}
+	return fsys.cfg.WaitMissing
 }
 
 // pending makes a placeholder inode. Its entry and attributes are never
@@ -104,7 +165,7 @@ type pendingDir struct {
 // everything is a placeholder, even what exists by now: the opener's OPEN
 // waits for the file to be complete and then opens it by its path.
 func (p *pendingDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return p.fsys.lookupMissing(ctx, p.EmbeddedInode(), path.Join(p.rel, name), out, true)
+	return p.fsys.lookupMissing(ctx, p.EmbeddedInode(), path.Join(p.rel, name), out, true, caller.Call{}, errNotRead)
 }
 
 // Getattr implements gofs.NodeGetattrer.
@@ -143,16 +204,31 @@ func (p *pendingFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, 
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.ENOENT
 	}
-	if _, err := p.fsys.dmd.WaitPath(ctx, p.rel); err != nil {
-		return nil, 0, p.fsys.errno("open", p.rel, err)
+	return p.fsys.openWhenHere(ctx, p.rel, flags)
+}
+
+// openWhenHere waits until rel is complete here in its current version
+// (fetching it if it is published elsewhere) and opens it for reading.
+func (fsys *FS) openWhenHere(ctx context.Context, rel string, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	var f *os.File
+	for attempt := 0; ; attempt++ {
+		if _, err := fsys.dmd.WaitPath(ctx, rel, callerTid(ctx)); err != nil {
+			return nil, 0, fsys.errno("open", rel, err)
+		}
+		var err error
+		f, err = fsys.dmd.OpenBeneath(rel, int(flags&^(syscall.O_APPEND|fuse.FMODE_EXEC)))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.ENOENT) || attempt >= 3 {
+			return nil, 0, fsys.errno("open", rel, err)
+		}
+		// Dropped between the wait and the open (a newer version was
+		// told meanwhile): wait for that one.
 	}
-	f, err := p.fsys.dmd.OpenBeneath(p.rel, int(flags&^(syscall.O_APPEND|fuse.FMODE_EXEC)))
-	if err != nil {
-		return nil, 0, p.fsys.errno("open", p.rel, err)
-	}
-	if errno := p.fsys.mayRead(ctx, p.rel, f); errno != 0 {
+	if errno := fsys.mayRead(ctx, rel, f); errno != 0 {
 		f.Close()
 		return nil, 0, errno
 	}
-	return p.fsys.newReadHandle(gofs.NewLoopbackFileFromOS(f)), 0, 0
+	return fsys.newReadHandle(gofs.NewLoopbackFileFromOS(f), rel), fuse.FOPEN_NOFLUSH, 0
 }

@@ -46,6 +46,7 @@ var (
 	_ gofs.NodeListxattrer    = (*node)(nil)
 
 	_ gofs.NodeLookuper  = (*pendingDir)(nil)
+	_ gofs.NodeFlusher   = (*node)(nil)
 	_ gofs.NodeGetattrer = (*pendingDir)(nil)
 	_ gofs.NodeGetattrer = (*pendingFile)(nil)
 	_ gofs.NodeOpener    = (*pendingFile)(nil)
@@ -65,29 +66,57 @@ func (n *node) childRel(name string) string { return path.Join(n.rel(), name) }
 
 // cached marks an entry of an existing file as cacheable by the kernel.
 func (fsys *FS) cached(out *fuse.EntryOut) {
-	out.SetEntryTimeout(fsys.cfg.CacheTTL)
-	out.SetAttrTimeout(fsys.cfg.CacheTTL)
+	out.SetEntryTimeout(fsys.cacheTTL())
+	out.SetAttrTimeout(fsys.cacheTTL())
+}
+
+// sharedCacheTTL bounds how long the kernel caches what it is shown when
+// other nodes share the namespace: not longer than a home's promise to
+// tell this node of changes lasts (see hfl's notices), so that what the
+// kernel shows is asked about again before it can go stale unseen.
+const sharedCacheTTL = 50 * time.Second
+
+// cacheTTL is how long the kernel may cache entries and attributes.
+func (fsys *FS) cacheTTL() time.Duration {
+	if !fsys.dmd.Solo() {
+		return min(fsys.cfg.CacheTTL, sharedCacheTTL)
+	}
+	return fsys.cfg.CacheTTL
 }
 
 // Getattr implements gofs.NodeGetattrer.
 func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	errno := n.LoopbackNode.Getattr(ctx, f, out)
 	if errno == 0 {
-		out.SetTimeout(n.fsys.cfg.CacheTTL)
+		out.SetTimeout(n.fsys.cacheTTL())
+		n.fsys.copyTimes(n.rel(), &out.Attr)
 	}
 	return errno
 }
 
 // Setattr implements gofs.NodeSetattrer. A chmod, truncate or utimes of a
-// complete file republishes it.
+// complete file republishes it; a copy of another node's file becomes this
+// node's, and a file replaced elsewhere since it was looked up is changed
+// in its current version.
 func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	d := n.fsys.dmd
+	rel := n.rel()
+	if f == nil && !d.Solo() {
+		if _, regular, _ := n.backingID(); regular && !d.CurrentHere(ctx, rel) {
+			r := &remoteNode{fsys: n.fsys}
+			return r.setattrAt(ctx, rel, in, out)
+		}
+		d.Adopt(rel)
+	}
 	errno := n.LoopbackNode.Setattr(ctx, f, in, out)
 	if errno != 0 {
 		return errno
 	}
-	out.SetTimeout(n.fsys.cfg.CacheTTL)
+	out.SetTimeout(n.fsys.cacheTTL())
 	if out.Mode&syscall.S_IFMT == syscall.S_IFREG {
-		n.fsys.dmd.Changed(ctx, n.rel())
+		d.Changed(ctx, rel)
+	} else {
+		d.Made(ctx, rel)
 	}
 	return 0
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/dyadfs/dyadfs/fs/caller"
 	"github.com/dyadfs/dyadfs/fs/dmd"
+	"github.com/dyadfs/dyadfs/hfl"
 )
 
 // writeFlags make an open a writer. O_TRUNC reaches OPEN because dyadfs
@@ -29,37 +31,86 @@ func callerTid(ctx context.Context) uint32 {
 // Open implements gofs.NodeOpener. A read-only open waits while the file is
 // being written on this node (or was left half-written), unless the caller's
 // own process is the writer. A write open registers a writer before the
-// backing file is opened, so that readers never see a truncated file.
+// backing file is opened, so that readers never see a truncated file. A
+// file that is not the namespace's current version any more (replaced
+// elsewhere since the kernel looked it up) is opened as the current one.
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	fsys, d := n.fsys, n.fsys.dmd
 	tid := callerTid(ctx)
-	if flags&writeFlags == 0 {
-		if err := n.fsys.dmd.WaitComplete(ctx, n.id, tid); err != nil {
-			return nil, 0, n.fsys.errno("open", n.rel(), err)
+	rel := n.rel()
+	id, regular, here := n.id, true, true
+	if !d.Solo() {
+		id, regular, here = n.backingID()
+	}
+	if !d.Solo() && (!here || id != n.id) {
+		// Removed or replaced here since the kernel looked it up (a
+		// copy dropped or renewed): it looks up again (the kernel
+		// retries an open that gets ESTALE once).
+		return nil, 0, syscall.ESTALE
+	}
+	if regular && !d.CurrentHere(ctx, rel) {
+		defer fsys.forget(rel)
+		if flags&writeFlags == 0 {
+			return fsys.openWhenHere(ctx, rel, flags)
 		}
-		if n.fsys.dmd.Config().SharedStorage {
+		return fsys.openForWrite(ctx, rel, flags)
+	}
+	if flags&writeFlags == 0 {
+		if err := d.WaitComplete(ctx, id, rel, tid); err != nil {
+			return nil, 0, fsys.errno("open", rel, err)
+		}
+		if d.Config().SharedStorage {
 			// Another node may be writing this file into the shared
 			// directory: it is complete once a record describes it.
-			if _, err := n.fsys.dmd.WaitPath(ctx, n.rel()); err != nil {
-				return nil, 0, n.fsys.errno("open", n.rel(), err)
+			if _, err := d.WaitPath(ctx, rel, tid); err != nil {
+				return nil, 0, fsys.errno("open", rel, err)
 			}
 		}
 		fh, fuseFlags, errno := n.LoopbackNode.Open(ctx, flags)
+		if errno == syscall.ENOENT && !d.Solo() {
+			return nil, 0, syscall.ESTALE // a copy dropped just now: look up again
+		}
 		if errno != 0 {
 			return nil, 0, errno
 		}
-		return n.fsys.newReadHandle(fh), fuseFlags, 0
+		return fsys.newReadHandle(fh, rel), fuseFlags | fuse.FOPEN_NOFLUSH, 0
 	}
-	w := n.fsys.dmd.BeginWrite(n.id, tid, n.rel(), false)
+	// The version this write replaces, if it is published: its writer's
+	// close tells every node holding a copy (see writeHandle.Flush).
+	prev, published := d.PublishedAs(ctx, rel)
+	w := d.BeginWrite(id, tid, rel, false)
 	fh, fuseFlags, errno := n.LoopbackNode.Open(ctx, flags)
 	if errno != 0 {
 		w.Abort()
+		if errno == syscall.ENOENT && !d.Solo() {
+			return nil, 0, syscall.ESTALE
+		}
 		return nil, 0, errno
 	}
-	return n.fsys.newWriteHandle(fh, w, n), fuseFlags, 0
+	h := fsys.newWriteHandle(fh, w, n.rel)
+	if published {
+		h.claim(prev)
+	} else {
+		fuseFlags |= fuse.FOPEN_NOFLUSH
+	}
+	return h, fuseFlags, 0
+}
+
+// backingID returns the backing inode the node's path names now, whether
+// it is a regular file, and whether there is one. (The kernel may keep a
+// node for a name whose file was replaced here: a copy of a newer
+// version.)
+func (n *node) backingID() (id dmd.FileID, regular, here bool) {
+	var st syscall.Stat_t
+	if err := syscall.Lstat(n.fsys.dmd.BackingPath(n.rel()), &st); err != nil {
+		return n.id, false, false
+	}
+	return dmd.IDOf(&st), st.Mode&syscall.S_IFMT == syscall.S_IFREG, true
 }
 
 // Create implements gofs.NodeCreater: the new file is registered as being
-// written before any reader can look it up.
+// written before any reader can look it up. The name was published
+// nowhere (its lookup said so), so its close needs to tell nobody.
 func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
 	if n.reserved(name) {
 		return nil, nil, 0, syscall.EEXIST
@@ -74,7 +125,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	n.fsys.cached(out)
 	child := ch.Operations().(*node)
 	w := n.fsys.dmd.BeginWrite(child.id, callerTid(ctx), rel, true)
-	return ch, n.fsys.newWriteHandle(fh, w, child), fuseFlags, 0
+	return ch, n.fsys.newWriteHandle(fh, w, child.rel), fuseFlags | fuse.FOPEN_NOFLUSH, 0
 }
 
 // Tmpfile implements gofs.NodeTmpfiler. O_TMPFILE files could not be linked
@@ -85,11 +136,15 @@ func (n *node) Tmpfile(ctx context.Context, flags, mode uint32, out *fuse.EntryO
 }
 
 // Flush implements gofs.NodeFlusher. Writes reach the backing file
-// synchronously (or directly, with passthrough), so there is nothing to do
-// at close. ENOSYS tells the kernel to stop sending FLUSH, one request less
-// per close.
+// synchronously (or directly, with passthrough), so a close has nothing to
+// write; the kernel sends FLUSH only for the write handles of published
+// files (the others are opened with FOPEN_NOFLUSH), whose close tells the
+// job of the rewrite.
 func (n *node) Flush(ctx context.Context, f gofs.FileHandle) syscall.Errno {
-	return syscall.ENOSYS
+	if h, ok := f.(*writeHandle); ok {
+		return h.Flush(ctx)
+	}
+	return 0
 }
 
 // writeHandle wraps a loopback file handle opened for writing: its release
@@ -98,24 +153,56 @@ type writeHandle struct {
 	*gofs.LoopbackFile
 	fsys *FS
 	w    *dmd.Writer
-	n    *node
+	rel  func() string // the file's path now
 	fd   int
+	// claims says that the file was published when opened (as prev): once
+	// the writer changed it, a close tells the job (see Flush).
+	claims  bool
+	prev    hfl.Record
+	claimed atomic.Bool
 }
 
-var _ gofs.FileReleaser = (*writeHandle)(nil)
+var (
+	_ gofs.FileReleaser = (*writeHandle)(nil)
+	_ gofs.FileFlusher  = (*writeHandle)(nil)
+)
 
-func (fsys *FS) newWriteHandle(fh gofs.FileHandle, w *dmd.Writer, n *node) gofs.FileHandle {
+func (fsys *FS) newWriteHandle(fh gofs.FileHandle, w *dmd.Writer, rel func() string) *writeHandle {
 	lf := fh.(*gofs.LoopbackFile)
 	// The loopback file owns the descriptor until its Release; it exposes
 	// the number only through PassthroughFd.
 	fd, _ := lf.PassthroughFd()
 	w.Opened(fd)
-	return &writeHandle{LoopbackFile: lf, fsys: fsys, w: w, n: n, fd: fd}
+	return &writeHandle{LoopbackFile: lf, fsys: fsys, w: w, rel: rel, fd: fd}
+}
+
+// claim says the file was published as prev when this handle opened it.
+func (h *writeHandle) claim(prev hfl.Record) {
+	h.claims, h.prev = true, prev
+}
+
+// Flush implements gofs.FileFlusher: the close of a handle that changed a
+// published file tells the job, before close returns, that this node
+// rewrites it: every copy elsewhere is dropped, and an open that starts
+// afterwards anywhere reads the new version (close-to-open). The publish
+// of the new version follows at the last writer's release.
+func (h *writeHandle) Flush(ctx context.Context) syscall.Errno {
+	if !h.claims || h.claimed.Load() || !h.w.Changed(h.fd) {
+		return 0
+	}
+	h.claimed.Store(true)
+	rel := h.rel()
+	if err := h.fsys.dmd.Claim(ctx, rel, h.prev); err != nil {
+		// The new version is published at release, or retried: the
+		// close itself did not fail.
+		h.fsys.log.Warn("cannot tell the job of a rewrite before close returned", "path", rel, "err", err)
+	}
+	return 0
 }
 
 // Release implements gofs.FileReleaser. End logs what goes wrong.
 func (h *writeHandle) Release(ctx context.Context) syscall.Errno {
-	h.w.End(context.WithoutCancel(ctx), h.fd, h.n.rel())
+	h.w.End(context.WithoutCancel(ctx), h.fd, h.rel())
 	return h.LoopbackFile.Release(ctx)
 }
 
@@ -124,12 +211,25 @@ func (h *writeHandle) Release(ctx context.Context) syscall.Errno {
 type readHandle struct {
 	*gofs.LoopbackFile
 	fsys *FS
+	rel  string
 }
 
-var _ gofs.FileReleaser = (*readHandle)(nil)
+var (
+	_ gofs.FileReleaser  = (*readHandle)(nil)
+	_ gofs.FileGetattrer = (*readHandle)(nil)
+)
 
-func (fsys *FS) newReadHandle(fh gofs.FileHandle) gofs.FileHandle {
-	return &readHandle{LoopbackFile: fh.(*gofs.LoopbackFile), fsys: fsys}
+func (fsys *FS) newReadHandle(fh gofs.FileHandle, rel string) gofs.FileHandle {
+	return &readHandle{LoopbackFile: fh.(*gofs.LoopbackFile), fsys: fsys, rel: rel}
+}
+
+// Getattr implements gofs.FileGetattrer: a copy shows its record's times.
+func (h *readHandle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
+	errno := h.LoopbackFile.Getattr(ctx, out)
+	if errno == 0 {
+		h.fsys.copyTimes(h.rel, &out.Attr)
+	}
+	return errno
 }
 
 // Release implements gofs.FileReleaser.

@@ -11,7 +11,7 @@ import (
 )
 
 func inlineRec(path string, data []byte) Record {
-	return Record{Path: path, Owner: "n0", Size: int64(len(data)), MtimeNs: 42, Inline: &Inline{Data: data, Uid: 7, Gid: 8}}
+	return Record{Path: path, Owner: "n0", Size: int64(len(data)), MtimeNs: 42, Uid: 7, Gid: 8, Inline: &Inline{Data: data}}
 }
 
 // TestHeldDataVersions: a home gives bytes only the generation of the
@@ -113,7 +113,7 @@ func TestNoticeCarriesSmallFiles(t *testing.T) {
 		if pub.Inline != nil {
 			t.Fatalf("%s: Publish returned bytes", path)
 		}
-		if rec := <-got; rec.Inline == nil || !bytes.Equal(rec.Inline.Data, data) || rec.Inline.Uid != 7 || rec.Inline.Gid != 8 {
+		if rec := <-got; rec.Inline == nil || !bytes.Equal(rec.Inline.Data, data) || rec.Uid != 7 || rec.Gid != 8 {
 			t.Fatalf("%s: the waiter got %+v, want the %d bytes published", path, rec.Inline, len(data))
 		}
 		// The committed notice reaches the home aside: ask until the

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Level says where the locator found a record.
@@ -16,9 +17,10 @@ type Level int
 const (
 	// LevelLocal: the file is complete in this node's backing store.
 	LevelLocal Level = iota
-	// LevelCache: this daemon's cache of records held it.
+	// LevelCache: this daemon knew it, under a home's promise (or, on a
+	// single node, from its own publishes).
 	LevelCache
-	// LevelHome: the path's home node (see notices) held it.
+	// LevelHome: the path's home node (see notices) told it.
 	LevelHome
 	// LevelGlobal: the global metadata store held it.
 	LevelGlobal
@@ -39,9 +41,19 @@ func (l Level) String() string {
 	return fmt.Sprintf("level(%d)", int(l))
 }
 
-// LocalIndex answers the first level: is the file complete here?
+// LocalIndex is the managed directory as the locator sees it: the first
+// level, and what must hear of changes made elsewhere.
 type LocalIndex interface {
+	// LocalRecord returns the record of path if the file is complete here.
 	LocalRecord(ctx context.Context, path string) (Record, bool)
+	// Invalidated tells that path changed elsewhere: it is now rec, or
+	// gone when exists is false. A copy of an older version here is stale.
+	// It must not block for long: notices wait for it.
+	Invalidated(path string, rec Record, exists bool)
+	// ListingDropped tells that what this node knew of directory dir's
+	// entries from its listing is no longer promised: a change of any of
+	// them would not be told here.
+	ListingDropped(dir string)
 }
 
 // LocatorConfig shapes the locator.
@@ -53,8 +65,13 @@ type LocatorConfig struct {
 	// DYAD_KEY_DEPTH and DYAD_KEY_BINS).
 	KeyDepth int
 	KeyBins  int
-	// CacheSize bounds the number of records cached by this daemon.
+	// CacheSize bounds the number of records cached by this daemon on a
+	// single node.
 	CacheSize int
+	// SingleNode says that no other node uses the store (the embedded
+	// store): the namespace is this node's backing directory, and nothing
+	// needs asking about.
+	SingleNode bool
 }
 
 // DefaultLocatorConfig returns the defaults.
@@ -85,12 +102,12 @@ type LocatorStats struct {
 	Notices *NoticeStats `json:"notices,omitempty"`
 }
 
-// Locator finds files through the three levels and publishes records.
+// Locator finds files through the levels and publishes records.
 type Locator struct {
 	cfg   LocatorConfig
 	store Store
 	local LocalIndex
-	cache *recordCache
+	cache *recordCache // a single node's own records
 
 	notices atomic.Pointer[notices]
 
@@ -103,11 +120,14 @@ func NewLocator(cfg LocatorConfig, store Store, local LocalIndex) (*Locator, err
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Locator{cfg: cfg, store: store, local: local, cache: newRecordCache(cfg.CacheSize)}, nil
+	return &Locator{cfg: cfg, store: guardStore(store), local: local, cache: newRecordCache(cfg.CacheSize)}, nil
 }
 
 // SetLocal sets the first level; it must be called before the locator is used.
 func (l *Locator) SetLocal(local LocalIndex) { l.local = local }
+
+// SingleNode reports whether no other node uses the store.
+func (l *Locator) SingleNode() bool { return l.cfg.SingleNode }
 
 // Key returns the store key of a clean relative path: the job namespace,
 // then DYAD's hashed hierarchical key of the path.
@@ -115,35 +135,84 @@ func (l *Locator) Key(path string) string {
 	return l.cfg.Namespace + "/" + DYADKey(path, l.cfg.KeyDepth, l.cfg.KeyBins)
 }
 
-// Publish records rec in the global store and the cache, and returns it with
-// its new generation. A small file's bytes (rec.Inline, at most InlineMax)
-// go with the notices only.
+// Slot returns where the record of a clean relative path lives in the
+// store.
+func (l *Locator) Slot(p string) Slot {
+	dir, name := splitPath(p)
+	return Slot{Key: l.Key(p), Dir: l.dirIndex(dir), Name: name}
+}
+
+// dirIndex names the store's index of directory dir ("" for the top).
+func (l *Locator) dirIndex(dir string) string { return l.cfg.Namespace + "/" + dir }
+
+// Publish records rec in the global store and returns it with its new
+// generation. Its home is told twice, without the caller waiting: ahead of
+// the store's commit (consumers that wait need not wait for it: the owner
+// serves the file from now on), with a small file's bytes (rec.Inline, at
+// most InlineMax), and once committed.
 func (l *Locator) Publish(ctx context.Context, rec Record) (Record, error) {
 	inline := rec.Inline
 	if !inlineFits(rec) {
 		inline = nil
 	}
-	rec.Provisional, rec.Generation, rec.Inline = false, 0, nil
+	rec.Provisional, rec.Generation, rec.Inline, rec.Writing = false, 0, nil, false
 	n := l.notices.Load()
 	var publish uint64
 	var told <-chan struct{}
 	if n != nil {
-		// Waiting consumers need not wait for the store's commit: the
-		// owner serves the file from now on.
 		publish = n.nextPublish()
 		ahead := rec
 		ahead.Provisional, ahead.Inline = true, inline
-		told = n.published(ahead, publish, nil)
+		told = n.tellHome(ahead, publish, nil)
 	}
-	out, err := l.store.Publish(ctx, l.Key(rec.Path), rec)
+	out, err := l.store.Publish(ctx, l.Slot(rec.Path), rec)
 	if err != nil {
 		return Record{}, fmt.Errorf("publish %s: %w", rec.Path, err)
 	}
-	l.cache.put(out)
-	if n != nil {
-		// The home gives the bytes it holds of this publish the
-		// committed generation, for consumers that come later.
-		n.published(out, publish, told)
+	if n == nil {
+		l.cache.put(out)
+	} else {
+		n.holder.addToListing(out, true)
+		n.tellHome(out, publish, told)
+	}
+	return out, nil
+}
+
+// PublishSync is Publish, but it returns once the path's home told every
+// node holding a promise for the path (a rename, a link, a chmod made here
+// is seen everywhere once it returns). No provisional notice goes ahead.
+func (l *Locator) PublishSync(ctx context.Context, rec Record) (Record, error) {
+	rec.Provisional, rec.Generation, rec.Inline, rec.Writing = false, 0, nil, false
+	out, err := l.store.Publish(ctx, l.Slot(rec.Path), rec)
+	if err != nil {
+		return Record{}, fmt.Errorf("publish %s: %w", rec.Path, err)
+	}
+	if n := l.notices.Load(); n != nil {
+		n.holder.addToListing(out, true)
+		n.tellHomeSync(ctx, notice{Kind: kindPublished, Rec: &out, Sync: true}, out.Path, out, true)
+	} else {
+		l.cache.put(out)
+	}
+	return out, nil
+}
+
+// Claim records that this node is rewriting a file published before: rec
+// (with its last complete version's attributes) becomes the path's record
+// with Writing set, and Claim returns once the path's home has told every
+// node holding a promise for it, so that none serves its copy any more
+// (close-to-open: an open that starts after the writer's close reads the
+// new version). The next Publish ends the claim.
+func (l *Locator) Claim(ctx context.Context, rec Record) (Record, error) {
+	rec.Provisional, rec.Generation, rec.Inline, rec.Writing = false, 0, nil, true
+	out, err := l.store.Publish(ctx, l.Slot(rec.Path), rec)
+	if err != nil {
+		return Record{}, fmt.Errorf("claim %s: %w", rec.Path, err)
+	}
+	if n := l.notices.Load(); n != nil {
+		n.holder.addToListing(out, true)
+		n.tellHomeSync(ctx, notice{Kind: kindPublished, Rec: &out, Sync: true}, out.Path, out, true)
+	} else {
+		l.cache.put(out)
 	}
 	return out, nil
 }
@@ -152,20 +221,33 @@ func (l *Locator) Publish(ctx context.Context, rec Record) (Record, error) {
 // file's bytes travel with them (see Record.Inline).
 func (l *Locator) NoticesOn() bool { return l.notices.Load() != nil }
 
-// Unpublish removes owner's record of path.
-func (l *Locator) Unpublish(ctx context.Context, path, owner string) error {
+// Unpublish removes the record of path if it matches cond. With sync it
+// returns once the path's home told every holder (an unlink or rename by
+// a user); without, the home is told aside (a withdrawal of this node's
+// own record, retried). It returns ErrConflict, removing nothing, when the
+// record does not match cond.
+func (l *Locator) Unpublish(ctx context.Context, path string, cond RemoveCond, sync bool) error {
 	l.cache.remove(path)
-	err := l.store.Remove(ctx, l.Key(path), owner)
-	if err != nil && !errors.Is(err, ErrNotFound) {
+	at, err := l.store.Remove(ctx, l.Slot(path), cond)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("unpublish %s: %w", path, err)
 	}
 	if n := l.notices.Load(); n != nil {
-		n.unpublished(path, owner)
+		n.holder.addToListing(Record{Path: path}, false)
+		msg := notice{Kind: kindUnpublished, Path: path, Gen: at, Sync: sync}
+		if sync {
+			n.tellHomeSync(ctx, msg, path, Record{}, false)
+		} else {
+			go n.tellHomeSync(n.ctx, msg, path, Record{}, false)
+		}
 	}
 	return nil
 }
 
-// Locate searches the three levels in order and returns the first record
+// Locate searches the levels in order and returns the first record
 // found, or ErrNotFound.
 func (l *Locator) Locate(ctx context.Context, path string) (Record, Level, error) {
 	if rec, ok := l.localRecord(ctx, path); ok {
@@ -186,22 +268,195 @@ func (l *Locator) localRecord(ctx context.Context, path string) (Record, bool) {
 	return rec, ok
 }
 
-// cached is the second level, with the bytes this node holds as the
-// path's home (n may be nil).
-func (l *Locator) cached(path string, n *notices) (Record, bool) {
-	rec, ok := l.cache.get(path)
-	if !ok {
-		return Record{}, false
+// State is what the job's namespace has at a path.
+type State struct {
+	Rec    Record // when Exists
+	Exists bool
+	// Gen orders states: the record's generation, or that of its removal
+	// (0: never published, or removed when is not known).
+	Gen   uint64
+	Level Level
+}
+
+// Record returns the path's record in the job's namespace, wherever it was
+// published, or ErrNotFound (see State).
+func (l *Locator) Record(ctx context.Context, path string) (Record, Level, error) {
+	st, err := l.State(ctx, path)
+	if err == nil && !st.Exists {
+		err = ErrNotFound
 	}
-	l.hits[LevelCache].Add(1)
+	return st.Rec, st.Level, err
+}
+
+// State returns what the job's namespace has at path: what this node knows
+// under a promise, else what the home knows, else what the store holds
+// (the home registers this node before, so that a change after the store's
+// answer is told to it). A record with Writing set stands for a file being
+// rewritten.
+func (l *Locator) State(ctx context.Context, path string) (State, error) {
+	n := l.notices.Load()
+	if n == nil {
+		if rec, ok := l.cache.get(path); ok {
+			l.hits[LevelCache].Add(1)
+			return State{Rec: rec, Exists: true, Gen: rec.Generation, Level: LevelCache}, nil
+		}
+		rec, err := l.store.Lookup(ctx, l.Key(path))
+		return l.stateFromStore(rec, err, nil)
+	}
+	if rec, exists, gen, ok := n.holder.lookup(path); ok {
+		l.hits[LevelCache].Add(1)
+		if !exists {
+			l.misses.Add(1)
+			return State{Gen: gen, Level: LevelCache}, nil
+		}
+		return State{Rec: n.withBytes(rec), Exists: true, Gen: gen, Level: LevelCache}, nil
+	}
+	a := n.ask(ctx, path, 0, false)
+	if a.answered {
+		l.hits[LevelHome].Add(1)
+		if !a.exists {
+			l.misses.Add(1)
+			return State{Gen: a.gen, Level: LevelHome}, nil
+		}
+		return State{Rec: a.rec, Exists: true, Gen: a.rec.Generation, Level: LevelHome}, nil
+	}
+	rec, err := l.store.Lookup(ctx, l.Key(path))
+	keep := a.endFlight()
+	if exists := err == nil; exists || errors.Is(err, ErrNotFound) {
+		n.holder.learn(path, rec, exists, rec.Generation, a.promise, a.registered && keep)
+	}
+	return l.stateFromStore(rec, err, n)
+}
+
+// stateFromStore is State for what the store answered.
+func (l *Locator) stateFromStore(rec Record, err error, n *notices) (State, error) {
+	rec, lv, err := l.fromStore(rec, err, n)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return State{Level: lv}, nil
+	case err != nil:
+		return State{Level: lv}, err
+	}
+	return State{Rec: rec, Exists: true, Gen: rec.Generation, Level: lv}, nil
+}
+
+// Hold makes sure this node holds a promise for path itself, not only
+// through its directory's listing (which ends at the first change in the
+// directory): a copy of the path, or a shadow of the directory, is about
+// to be made here and must hear of its changes.
+func (l *Locator) Hold(ctx context.Context, path string) {
+	n := l.notices.Load()
+	if n == nil || n.holder.holds(path) {
+		return
+	}
+	n.ask(ctx, path, 0, false).endFlight()
+}
+
+// fromStore counts what the global store answered.
+func (l *Locator) fromStore(rec Record, err error, n *notices) (Record, Level, error) {
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			l.misses.Add(1)
+		}
+		return Record{}, LevelGlobal, err
+	}
+	l.hits[LevelGlobal].Add(1)
+	if n == nil {
+		l.cache.put(rec)
+	} else {
+		rec = n.home.withHeld(rec) // this node may be its home
+	}
+	return rec, LevelGlobal, nil
+}
+
+// List returns up to limit entries of directory dir (clean, "" for the
+// top) whose names sort after after, in name order; fewer than limit means
+// the end. The first page of a directory small enough is read whole from
+// the store, after registering at its home, and the listing kept under the
+// home's promise for the pages and lookups that follow.
+func (l *Locator) List(ctx context.Context, dir, after string, limit int) ([]Record, error) {
+	if limit <= 0 {
+		limit = DefaultListLimit
+	}
+	n := l.notices.Load()
 	if n != nil {
-		rec = n.withHeld(rec)
+		if recs, ok := n.holder.listing(dir); ok {
+			return page(recs, after, limit), nil
+		}
+		if after == "" {
+			if recs, ok, err := n.readListing(ctx, dir); err != nil || ok {
+				return page(recs, after, limit), err
+			}
+		}
 	}
-	return rec, true
+	recs, err := l.store.ListDir(ctx, l.dirIndex(dir), after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list %q: %w", dir, err)
+	}
+	return recs, nil
+}
+
+// page returns the part of recs (sorted by path) after after.
+func page(recs []Record, after string, limit int) []Record {
+	i := 0
+	if after != "" {
+		for i < len(recs) && recs[i].Name() <= after {
+			i++
+		}
+	}
+	return recs[i:min(len(recs), i+limit)]
+}
+
+// readListing reads the whole listing of dir from the store, after
+// registering at its home, and keeps it if it is not too large. ok is
+// false when it is too large (then the caller reads page by page).
+func (n *notices) readListing(ctx context.Context, dir string) ([]Record, bool, error) {
+	l := n.l
+	home, epoch, ok := n.homeOf(dir)
+	if !ok {
+		return nil, false, nil
+	}
+	key := dir + "/"
+	n.holder.startFlight(key)
+	sent := time.Now()
+	var r reply
+	var err error
+	if home.Node == n.self.Node {
+		r = n.home.list(n.self.Node, dir)
+	} else {
+		var b []byte
+		if b, err = n.send(ctx, home, notice{Kind: kindList, Path: dir}); err == nil {
+			r, err = decodeReply(b)
+		}
+	}
+	var recs []Record
+	after := ""
+	for len(recs) <= maxListing {
+		pg, lerr := l.store.ListDir(ctx, l.dirIndex(dir), after, DefaultListLimit)
+		if lerr != nil {
+			n.holder.endFlight(key)
+			return nil, false, fmt.Errorf("list %q: %w", dir, lerr)
+		}
+		recs = append(recs, pg...)
+		if len(pg) < DefaultListLimit {
+			break
+		}
+		after = pg[len(pg)-1].Name()
+	}
+	broken := n.holder.endFlight(key)
+	if len(recs) > maxListing {
+		return nil, false, nil
+	}
+	if err == nil && !broken {
+		if pr, ok := n.holder.promiseFrom(home, r, epoch, sent); ok {
+			n.holder.learnListing(dir, recs, pr)
+		}
+	}
+	return recs, true, nil
 }
 
 // LocateWaiting is Locate for a consumer that waits if nothing is found.
-// The path's home subscribes it while it answers, and a record of the path
+// The path's home registers it while it answers, and a record of the path
 // that reaches this node while the global store is asked ends the search:
 // a publish that lands during the store's round trip is not waited for
 // behind it. With ahead, the record found may be provisional (sent ahead
@@ -214,14 +469,26 @@ func (l *Locator) LocateWaiting(ctx context.Context, path string, ahead bool) (R
 	if rec, ok := l.localRecord(ctx, path); ok {
 		return rec, LevelLocal, nil
 	}
-	if rec, ok := l.cached(path, n); ok {
-		return rec, LevelCache, nil
+	if rec, exists, _, ok := n.holder.lookup(path); ok {
+		l.hits[LevelCache].Add(1)
+		if exists {
+			return n.withBytes(rec), LevelCache, nil
+		}
+		l.misses.Add(1)
+		return Record{}, LevelCache, ErrNotFound
 	}
-	w, done := n.waitChannel(path)
+	w, done := n.holder.waitChannel(path)
 	defer done()
-	if rec, found, _ := n.ask(ctx, path, 0, true, ahead); found {
-		l.hits[LevelHome].Add(1)
-		return rec, LevelHome, nil
+	a := n.ask(ctx, path, 0, ahead)
+	if a.answered {
+		if a.exists && (!a.rec.Provisional || ahead) {
+			l.hits[LevelHome].Add(1)
+			return a.rec, LevelHome, nil
+		}
+		if !a.exists && a.gen > 0 {
+			l.misses.Add(1)
+			return Record{}, LevelHome, ErrNotFound
+		}
 	}
 	type lookup struct {
 		rec Record
@@ -246,55 +513,28 @@ func (l *Locator) LocateWaiting(ctx context.Context, path string, ahead bool) (R
 		select {
 		case <-notice:
 			if !w.rec.Provisional || ahead {
+				a.endFlight()
 				return told()
 			}
 			notice = nil // only the store's answer will do
-		case a := <-answer:
-			if errors.Is(a.err, ErrNotFound) && notice != nil {
+		case s := <-answer:
+			if errors.Is(s.err, ErrNotFound) && notice != nil {
 				select {
 				case <-notice: // both at once: the notice has it
 					if !w.rec.Provisional || ahead {
+						a.endFlight()
 						return told()
 					}
 				default:
 				}
 			}
-			return l.fromStore(a.rec, a.err, n)
+			keep := a.endFlight()
+			if s.err == nil || errors.Is(s.err, ErrNotFound) {
+				n.holder.learn(path, s.rec, s.err == nil, s.rec.Generation, a.promise, a.registered && keep)
+			}
+			return l.fromStore(s.rec, s.err, n)
 		}
 	}
-}
-
-// fromStore counts and caches what the global store answered.
-func (l *Locator) fromStore(rec Record, err error, n *notices) (Record, Level, error) {
-	if err != nil {
-		if errors.Is(err, ErrNotFound) {
-			l.misses.Add(1)
-		}
-		return Record{}, LevelGlobal, err
-	}
-	l.hits[LevelGlobal].Add(1)
-	l.cache.put(rec)
-	if n != nil {
-		rec = n.withHeld(rec) // this node may be its home
-	}
-	return rec, LevelGlobal, nil
-}
-
-// Record searches the last two levels, the cache and the global store, for
-// path's record: where it was published, by this node or another.
-func (l *Locator) Record(ctx context.Context, path string) (Record, Level, error) {
-	n := l.notices.Load()
-	if rec, ok := l.cached(path, n); ok {
-		return rec, LevelCache, nil
-	}
-	if n != nil {
-		if rec, found, _ := n.ask(ctx, path, 0, false, false); found {
-			l.hits[LevelHome].Add(1)
-			return rec, LevelHome, nil
-		}
-	}
-	rec, err := l.store.Lookup(ctx, l.Key(path))
-	return l.fromStore(rec, err, n)
 }
 
 // Wait blocks until the global store holds a record of path newer than
@@ -321,14 +561,20 @@ func (l *Locator) wait(ctx context.Context, path string, after uint64, ahead boo
 	return rec, nil
 }
 
-// Published returns the global store's record of path, bypassing the first
-// two levels: what other nodes would find.
+// Published returns the global store's record of path, bypassing the other
+// levels: what other nodes would find.
 func (l *Locator) Published(ctx context.Context, path string) (Record, error) {
 	return l.store.Lookup(ctx, l.Key(path))
 }
 
-// Forget drops path from the cache, for example after its owner refused it.
-func (l *Locator) Forget(path string) { l.cache.remove(path) }
+// Forget drops what this node knows of path, for example after its owner
+// refused it.
+func (l *Locator) Forget(path string) {
+	l.cache.remove(path)
+	if n := l.notices.Load(); n != nil {
+		n.holder.forget(path)
+	}
+}
 
 // Stats returns the level counters.
 func (l *Locator) Stats() LocatorStats {
@@ -339,11 +585,302 @@ func (l *Locator) Stats() LocatorStats {
 	if n := l.notices.Load(); n != nil {
 		ns := n.stats()
 		s.Notices = &ns
+		s.Cached = ns.Promises
 	}
 	return s
 }
 
-// recordCache is a bounded LRU of records keyed by path.
+// asked is what a question to a path's home brought.
+type asked struct {
+	answered   bool   // the home knew the path's state
+	exists     bool   // ...and it is rec (else removed at gen)
+	rec        Record // may be provisional (asked with ahead)
+	gen        uint64
+	registered bool // the home registered this node: promise holds once the store answered
+	promise    promise
+	path       string
+	h          *holderSide
+	ended      bool
+}
+
+// endFlight ends the question's flight once, and reports whether what it
+// brought may be kept (no change was told meanwhile).
+func (a *asked) endFlight() bool {
+	if a.h == nil || a.ended {
+		return false
+	}
+	a.ended = true
+	return !a.h.endFlight(a.path)
+}
+
+// ask asks path's home what it knows of path, registering this node as a
+// holder. What the home knew is kept under its promise; if it knew
+// nothing, the caller reads the store and keeps that (see asked).
+func (n *notices) ask(ctx context.Context, p string, after uint64, withAhead bool) *asked {
+	dir, _ := splitPath(p)
+	home, epoch, ok := n.homeOf(dir)
+	if !ok {
+		return &asked{}
+	}
+	a := &asked{path: p, h: n.holder}
+	n.holder.startFlight(p)
+	sent := time.Now()
+	var r reply
+	if home.Node == n.self.Node {
+		r = n.home.ask(n.self.Node, p, after, withAhead)
+	} else {
+		b, err := n.send(ctx, home, notice{Kind: kindAsk, Path: p, After: after, Ahead: withAhead})
+		if err == nil {
+			r, err = decodeReply(b)
+		}
+		if err != nil {
+			a.endFlight()
+			return &asked{}
+		}
+	}
+	a.promise, a.registered = n.holder.promiseFrom(home, r, epoch, sent)
+	switch {
+	case r.Rec != nil && r.Rec.Provisional:
+		rec := *r.Rec
+		rec.Inline = r.Inline
+		if !inlineFits(rec) {
+			rec.Inline = nil
+		}
+		a.answered, a.exists, a.rec = true, true, rec
+		if r.Known {
+			a.gen = r.Gen
+		}
+		a.endFlight()
+	case r.Known:
+		a.answered, a.gen = true, r.Gen
+		if r.Rec != nil {
+			rec := *r.Rec
+			if rec.Inline = r.Inline; !inlineFits(rec) {
+				rec.Inline = nil // a transfer brings it
+			}
+			a.exists, a.rec = true, rec
+			n.holder.keepBytes(rec)
+		}
+		keep := a.endFlight()
+		n.holder.learn(p, a.rec, a.exists, a.gen, a.promise, a.registered && keep)
+	}
+	return a
+}
+
+// tellHome tells rec's home of rec (publish number publish), once after is
+// closed (if not nil), aside: it retries until the home (in this node's
+// view at each attempt) took it or the daemon stops. The committed record
+// follows the provisional one, so that the home, given both in order,
+// keeps the bytes the first one carries. The channel returned is closed
+// when the home was told (or given up on).
+func (n *notices) tellHome(rec Record, publish uint64, after <-chan struct{}) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if after != nil {
+			select {
+			case <-after:
+			case <-n.ctx.Done():
+				return
+			}
+		}
+		msg := notice{Kind: kindPublished, Rec: &rec, Inline: rec.Inline, Publish: publish}
+		// A provisional notice is a shortcut for consumers waiting now:
+		// one try. A committed one is how holders learn of the change.
+		tries := 1
+		if !rec.Provisional {
+			tries = 20
+		}
+		n.deliver(n.ctx, msg, rec.Path, rec, !rec.Provisional, tries)
+	}()
+	return done
+}
+
+// tellHomeSync tells the home of p of msg and returns once the home told
+// every holder. If the home cannot be reached, it waits until that home
+// left the members (its holders' promises end with it) and tells the next.
+func (n *notices) tellHomeSync(ctx context.Context, msg notice, p string, rec Record, exists bool) {
+	n.deliver(ctx, msg, p, rec, exists, 0)
+}
+
+// deliver sends msg to p's home, trying again (at most tries times, 0: until
+// ctx ends) while the home cannot be reached; this node then holds a
+// promise for what it told.
+func (n *notices) deliver(ctx context.Context, msg notice, p string, rec Record, exists bool, tries int) {
+	dir, _ := splitPath(p)
+	for attempt := 1; ; attempt++ {
+		home, epoch, ok := n.homeOf(dir)
+		if !ok {
+			return
+		}
+		sent := time.Now()
+		var r reply
+		var err error
+		if home.Node == n.self.Node {
+			if msg.Kind == kindPublished {
+				r = n.home.published(ctx, n.self.Node, *msg.Rec, msg.Publish, msg.Sync, false)
+			} else {
+				r = n.home.unpublished(ctx, n.self.Node, msg.Path, msg.Gen, msg.Sync, false)
+			}
+		} else {
+			var b []byte
+			if b, err = n.send(ctx, home, msg); err == nil {
+				r, err = decodeReply(b)
+			}
+		}
+		if err == nil {
+			if pr, ok := n.holder.promiseFrom(home, r, epoch, sent); ok && (msg.Rec == nil || !msg.Rec.Provisional) {
+				gen := msg.Gen
+				if exists {
+					gen = rec.Generation
+				}
+				n.holder.learn(p, rec, exists, gen, pr, true)
+			}
+			return
+		}
+		if ctx.Err() != nil || (tries > 0 && attempt >= tries) {
+			n.log.Debug("home not told", "home", home.Node, "path", p, "err", err)
+			return
+		}
+		if msg.Sync {
+			// The holders of a home that cannot be reached keep their
+			// promises until it leaves the members: wait for that.
+			n.homeWaits.Add(1)
+			n.log.Warn("the home of a path cannot be reached; waiting for it to leave the members", "path", p, "home", home.Node, "err", err)
+			n.awaitGone(ctx, home)
+			continue
+		}
+		pause := time.NewTimer(n.t.retry << min(attempt, 4))
+		select {
+		case <-pause.C:
+		case <-ctx.Done():
+			pause.Stop()
+			return
+		}
+	}
+}
+
+// awaitGone waits until m is no longer a member (in this node's view, read
+// again every membersRetry) and every other node read the members since,
+// or until ctx ends or m answers again.
+func (n *notices) awaitGone(ctx context.Context, m Member) {
+	t := time.NewTicker(n.t.retry)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, n.t.timeout)
+		err := n.refresh(rctx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		if cur, ok := n.member(m.Node); !ok || !cur.Started.Equal(m.Started) {
+			// The others read the members at most membersRefresh
+			// later: until then they may still trust m's promises.
+			wait := time.NewTimer(n.t.refresh + n.t.retry)
+			select {
+			case <-wait.C:
+			case <-ctx.Done():
+				wait.Stop()
+			}
+			return
+		}
+	}
+}
+
+// wait waits for a record of path newer than after: told by a notice, or,
+// from noticeGrace on (at once if the home cannot be asked), by the store.
+//
+// With ahead, a provisional record (sent ahead of its publish) ends the
+// wait too.
+func (n *notices) wait(ctx context.Context, path string, after uint64, ahead bool) (Record, error) {
+	var store chan error
+	var storeRec Record
+	storeCtx, stopStore := context.WithCancel(ctx)
+	defer stopStore()
+	startStore := func() {
+		if store != nil {
+			return
+		}
+		n.storeWaits.Add(1)
+		store = make(chan error, 1)
+		go func() {
+			rec, err := n.l.store.Wait(storeCtx, n.l.Key(path), after)
+			storeRec = rec
+			store <- err
+		}()
+	}
+	grace := time.NewTimer(n.t.grace)
+	defer grace.Stop()
+	renew := time.NewTicker(n.t.resubscribe)
+	defer renew.Stop()
+	newer := func(rec Record) bool {
+		return (rec.Provisional && ahead) || (!rec.Provisional && !rec.Writing && rec.Generation > after)
+	}
+	for {
+		// Take the channel before asking, so that a notice between the
+		// answer and the wait is not missed.
+		w, done := n.holder.waitChannel(path)
+		if !n.holder.holds(path) {
+			// Not registered at the home yet (or no longer): ask,
+			// which registers this node.
+			a := n.ask(ctx, path, after, ahead)
+			a.endFlight()
+			if a.answered && a.exists && newer(a.rec) {
+				done()
+				return a.rec, nil
+			}
+			if !a.registered {
+				startStore()
+			}
+		}
+		if rec, exists, _, ok := n.holder.lookup(path); ok && exists && newer(rec) {
+			done()
+			return n.withBytes(rec), nil
+		}
+		woken, storeErr, stored, err := waitOnce(ctx, w.ch, grace.C, renew.C, &store, startStore)
+		done()
+		switch {
+		case woken:
+			n.woken.Add(1)
+			if newer(w.rec) {
+				return w.rec, nil
+			}
+		case stored:
+			return storeRec, storeErr
+		case err != nil:
+			return Record{}, err
+		}
+	}
+}
+
+// waitOnce waits for one of: a notice (woken), the store's answer
+// (stored), a renewal, or the end of ctx (err). The grace timer starts the
+// store's wait.
+func waitOnce(ctx context.Context, ch <-chan struct{}, grace, renew <-chan time.Time, store *chan error, startStore func()) (woken bool, storeErr error, stored bool, err error) {
+	for {
+		select {
+		case <-ch:
+			return true, nil, false, nil
+		case <-grace:
+			startStore()
+			grace = nil
+		case e := <-*store:
+			return false, e, true, nil
+		case <-renew:
+			return false, nil, false, nil
+		case <-ctx.Done():
+			return false, nil, false, ctx.Err()
+		}
+	}
+}
+
+// recordCache is a bounded LRU of records keyed by path: on a single
+// node, where nothing changes unseen, the records this node published.
 type recordCache struct {
 	mu    sync.Mutex
 	max   int

@@ -3,6 +3,7 @@ package hfl
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -96,4 +97,24 @@ func (l *Locator) JobSecret(ctx context.Context) ([]byte, error) {
 		return nil, fmt.Errorf("job secret of namespace %s: %w", l.cfg.Namespace, err)
 	}
 	return s, nil
+}
+
+// storeIDKey holds the identity of a namespace's records in a store.
+func storeIDKey(namespace string) string { return namespace + "/store-id" }
+
+// StoreID returns the identity of this namespace's records in the store:
+// made by the first daemon and kept beside them, so that it changes only
+// when they are all gone (an embedded store, which lives as long as its
+// daemon, has a new one every time). A mark that names it says a record
+// was published in this very store.
+func (l *Locator) StoreID(ctx context.Context) (string, error) {
+	b := make([]byte, 12)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	id, err := l.store.PutIfAbsent(ctx, storeIDKey(l.cfg.Namespace), []byte(hex.EncodeToString(b)))
+	if err != nil {
+		return "", fmt.Errorf("identity of namespace %s in the store: %w", l.cfg.Namespace, err)
+	}
+	return string(id), nil
 }

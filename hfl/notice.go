@@ -13,19 +13,30 @@ import (
 	"time"
 )
 
-// Notices tell waiting consumers of a publish without a round trip through
-// the global store. Every path has a home: the live member of the job that
-// scores highest for the path's key (rendezvous hashing), so that the work
-// spreads over the nodes and every node that sees the same members picks
-// the same home. An owner that published a record sends it to the path's
-// home; a consumer asks the home before the global store, and a waiting
-// consumer subscribes there, to be sent the record as soon as it arrives.
+// Notices keep every node's view of the namespace coherent without a round
+// trip through the global store on every open, as AFS's callbacks do.
 //
-// The global store stays the authority. A notice is only a shortcut: a
-// lost one (the home died, a node joined and the members disagree for a
-// moment) costs a waiting consumer noticeGrace, after which it waits on
-// the store as well. Records come from peers that proved they hold the
-// job's secret, as anyone who can write the store can.
+// Every directory has a home: the live member of the job that scores
+// highest for the directory's key (rendezvous hashing), so that the work
+// spreads over the nodes and every node that sees the same members picks
+// the same home. The home of a path is the home of its directory. Every
+// change of a path (a publish, a rewrite starting, a removal) is told to
+// its home, which passes it on to the nodes that hold a promise for the
+// path: they asked about it (and may hold a copy, or a negative answer), or
+// wait for it, or published it. A node that read a directory's whole
+// listing holds a promise for the listing, broken at the first change.
+//
+// So a node answers from what it knows as long as its promise holds: a
+// promise comes from the home in the node's own view of the members, and
+// lasts promiseTTL. A node that knows nothing asks the home first (which
+// registers it) and reads the global store after, so that whatever
+// changes after the store's answer is told to it. The global store stays
+// the authority: a notice a home could not pass on only costs the holders
+// their promises (they expire, or the home's death voids them), and a
+// waiting open also waits on the store after noticeGrace.
+//
+// Records come from peers that proved they hold the job's secret, as
+// anyone who can write the store can.
 
 // Peers carries notices between daemons (the data transport's messages).
 type Peers interface {
@@ -38,10 +49,13 @@ var (
 	// noticeGrace is how long a waiting consumer relies on notices alone
 	// before it also waits on the global store.
 	noticeGrace = 250 * time.Millisecond
-	// resubscribe: a long wait renews its subscription this often, and a
-	// home forgets subscriptions older than subscriptionTTL.
-	resubscribe     = 30 * time.Second
-	subscriptionTTL = 3 * resubscribe
+	// resubscribe: a long wait asks its home again this often.
+	resubscribe = 30 * time.Second
+	// promiseTTL is how long a home keeps a holder, and promiseMargin how
+	// much earlier a holder stops trusting it (the two clocks start a
+	// message apart).
+	promiseTTL    = 60 * time.Second
+	promiseMargin = 5 * time.Second
 	// noticeTimeout bounds one message to a peer.
 	noticeTimeout = 5 * time.Second
 	// membersRefresh is how often the list of live members is read again;
@@ -49,41 +63,55 @@ var (
 	// membersRetry).
 	membersRefresh = 5 * time.Second
 	membersRetry   = 200 * time.Millisecond
+	// handoff is how long a new member, when it is a path's home, also
+	// passes changes to the home the others knew before it came: until
+	// every node has read the members again.
+	handoff = 2*membersRefresh + time.Second
 )
 
-// maxSubscriptions bounds the subscriptions a home keeps.
-const maxSubscriptions = 1 << 16
+// timing is the values of the variables above when notices started: the
+// goroutines of notices read them there, so that a test may change the
+// variables for the next cluster it makes.
+type timing struct {
+	grace, resubscribe, promiseTTL, promiseMargin, timeout, refresh, retry, handoff time.Duration
+}
 
-// A home keeps provisional records (sent ahead of their publish) until the
-// committed record follows, for consumers that start waiting in between:
-// at most maxAhead of them, none older than aheadTTL.
-const (
-	maxAhead = 4096
-	aheadTTL = 10 * time.Second
-)
+func currentTiming() timing {
+	return timing{grace: noticeGrace, resubscribe: resubscribe, promiseTTL: promiseTTL, promiseMargin: promiseMargin,
+		timeout: noticeTimeout, refresh: membersRefresh, retry: membersRetry, handoff: handoff}
+}
 
 // NoticeStats counts notices.
 type NoticeStats struct {
-	Members    int    `json:"members"`
-	Sent       uint64 `json:"sent"`
-	Received   uint64 `json:"received"`
-	Failed     uint64 `json:"failed"`
-	Pushed     uint64 `json:"pushed"`
+	Members  int    `json:"members"`
+	Sent     uint64 `json:"sent"`
+	Received uint64 `json:"received"`
+	Failed   uint64 `json:"failed"`
+	// Breaks counts changes a home passed on to holders; Broken, the
+	// changes this node was told of as a holder.
+	Breaks uint64 `json:"breaks_sent"`
+	Broken uint64 `json:"breaks_received"`
+	// Holders and Promises: what this node keeps as a home, and holds.
+	Holders    int    `json:"holders"`
+	Promises   int    `json:"promises"`
 	WokenBy    uint64 `json:"waits_woken_by_notice"`
 	StoreWaits uint64 `json:"waits_on_store"`
+	// HomeWaits counts rewrites and removals that waited for a home that
+	// could not be reached to leave the members.
+	HomeWaits uint64 `json:"waits_for_dead_home"`
 }
 
 // A notice message. Kind says which fields count.
 type notice struct {
-	Kind string  `json:"k"`
-	Rec  *Record `json:"rec,omitempty"`
-	// Member is a joining daemon's registration.
+	Kind   string  `json:"k"`
+	Rec    *Record `json:"rec,omitempty"`
 	Member *Member `json:"member,omitempty"`
-	Path   string  `json:"path,omitempty"`
-	Owner  string  `json:"owner,omitempty"`
-	After  uint64  `json:"after,omitempty"`
-	// Subscribe: an ask that finds nothing newer leaves a subscription.
-	Subscribe bool `json:"sub,omitempty"`
+	// Path is the path a notice is about (a directory for kindList).
+	Path  string `json:"path,omitempty"`
+	After uint64 `json:"after,omitempty"`
+	// Gen is a removal's generation (kindUnpublished, kindBreak without
+	// Rec).
+	Gen uint64 `json:"gen,omitempty"`
 	// Ahead: a provisional record answers the ask too.
 	Ahead bool `json:"ahead,omitempty"`
 	// Inline is Rec's bytes, for a small file.
@@ -91,24 +119,39 @@ type notice struct {
 	// Publish numbers an owner's publishes: its provisional and its
 	// committed notice of one publish carry the same number.
 	Publish uint64 `json:"pn,omitempty"`
+	// Sync: reply once every holder was told.
+	Sync bool `json:"sync,omitempty"`
+	// Listing: a break also ends the holder's promise on the listing of
+	// the path's directory.
+	Listing bool `json:"ls,omitempty"`
+	// Held: the home keeps the node a break goes to as a holder of the
+	// path (its promise is renewed); without, it only held the listing.
+	Held bool `json:"held,omitempty"`
+	// Forwarded: a new home passing a change on to the previous one.
+	Forwarded bool `json:"fwd,omitempty"`
 }
 
 const (
-	kindPublished   = "pub"   // owner → home, home → subscriber: Rec
-	kindUnpublished = "unpub" // owner → home: Path, Owner
-	kindAsk         = "ask"   // consumer → home: Path, After, Subscribe
+	kindPublished   = "pub"   // owner → home: Rec (provisional, committed or writing)
+	kindUnpublished = "unpub" // remover → home: Path, Gen
+	kindAsk         = "ask"   // node → home: Path, After, Ahead; registers the asker
+	kindList        = "list"  // node → home: Path (a directory); registers the asker for the listing
+	kindBreak       = "brk"   // home → holder: Path, Rec or Gen, Listing
 	kindJoin        = "join"  // a starting daemon → every member: Member
 )
 
-// askReply answers an ask.
-type askReply struct {
+// reply answers a notice. Home is the answering home's incarnation, so
+// that a holder's promise names the daemon that made it.
+type reply struct {
 	Rec    *Record `json:"rec,omitempty"`
 	Inline *Inline `json:"inline,omitempty"`
-}
-
-// publishedNotice is the notice of rec, with its bytes if it has them.
-func publishedNotice(rec Record, publish uint64) notice {
-	return notice{Kind: kindPublished, Rec: &rec, Inline: rec.Inline, Publish: publish}
+	// Known: the home knows the path's state (Rec, or Gen of its removal);
+	// if not, the asker reads the store.
+	Known bool      `json:"known,omitempty"`
+	Gen   uint64    `json:"gen,omitempty"`
+	Home  time.Time `json:"home,omitempty"`
+	// NoPromise: the home keeps too many holders to register one more.
+	NoPromise bool `json:"nop,omitempty"`
 }
 
 // encodeNotice encodes a notice or a reply: JSON, followed, when it
@@ -143,90 +186,117 @@ func decodeNotice(msg []byte, v any, inline **Inline) error {
 	return nil
 }
 
-type aheadRecord struct {
-	rec Record
-	at  time.Time
-}
-
-type subscription struct {
-	node  string
-	after uint64
-	since time.Time
-}
-
-// notices is the locator's part that sends and answers notices.
+// notices is the locator's part that sends and answers notices: the
+// members, the home side and the holder side.
 type notices struct {
 	l     *Locator
-	self  string
+	self  Member
 	peers Peers
 	log   *slog.Logger
 	ctx   context.Context // ends when the daemon stops
+	t     timing
 
 	mu      sync.Mutex
 	members []Member // live members, this node included, sorted by node
-	subs    map[string][]subscription
-	nsubs   int
-	ahead   map[string]aheadRecord
-	held    *heldData
-	publish atomic.Uint64 // numbers this owner's publishes
-	// waits holds, per path, a channel closed when a notice of the path
-	// arrives here, and how many waits use it.
-	waits map[string]*noticeWait
+	epoch   uint64   // grows with every change of members
+	// since is when each member was first seen, for the handoff.
+	since map[string]time.Time
 
+	home   *homeSide
+	holder *holderSide
+
+	publish    atomic.Uint64 // numbers this owner's publishes
 	refreshNow chan struct{}
 	lastFail   atomic.Int64 // unix ns of the last forced refresh
 
-	sent, received, failed, pushed, woken, storeWaits atomic.Uint64
+	sent, received, failed, breaks, broken, woken, storeWaits, homeWaits atomic.Uint64
 }
 
 // EnableNotices makes the locator send and answer notices through peers, as
-// node self; it reads the members of the job now and again until ctx ends.
-// HandleMessage must receive the messages peers send.
-func (l *Locator) EnableNotices(ctx context.Context, self string, peers Peers, log *slog.Logger) error {
+// the member self (whose Started tells its incarnation); it reads the
+// members of the job now and again until ctx ends. HandleMessage must
+// receive the messages peers send.
+func (l *Locator) EnableNotices(ctx context.Context, self Member, peers Peers, log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	n := &notices{l: l, self: self, peers: peers, log: log, ctx: ctx,
-		subs: make(map[string][]subscription), ahead: make(map[string]aheadRecord), held: newHeldData(), waits: make(map[string]*noticeWait), refreshNow: make(chan struct{}, 1)}
+	n := &notices{l: l, self: self, peers: peers, log: log, ctx: ctx, t: currentTiming(),
+		since: make(map[string]time.Time), refreshNow: make(chan struct{}, 1)}
+	n.home = newHomeSide(n)
+	n.holder = newHolderSide(n)
 	n.publish.Store(uint64(time.Now().UnixNano()))
 	if err := n.refresh(ctx); err != nil {
 		return err
 	}
 	l.notices.Store(n)
 	go n.keepMembers()
+	go n.home.sweep()
 	// Members read the list only now and again: tell them at once that
 	// this node is here, so that they count it in when choosing homes.
-	n.mu.Lock()
-	var me Member
-	others := make([]Member, 0, len(n.members))
-	for _, m := range n.members {
-		if m.Node == n.self {
-			me = m
-		} else {
-			others = append(others, m)
-		}
-	}
-	n.mu.Unlock()
-	if me.Node != "" {
-		for _, m := range others {
-			n.sendAside(m, notice{Kind: kindJoin, Member: &me})
-		}
+	for _, m := range n.others() {
+		n.sendAside(m, notice{Kind: kindJoin, Member: &n.self})
 	}
 	return nil
+}
+
+// others returns the members but this node.
+func (n *notices) others() []Member {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]Member, 0, len(n.members))
+	for _, m := range n.members {
+		if m.Node != n.self.Node {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// setMembersLocked replaces the members, counting a change.
+func (n *notices) setMembersLocked(ms []Member) {
+	if sameMembers(n.members, ms) {
+		return
+	}
+	now := time.Now()
+	seen := make(map[string]time.Time, len(ms))
+	for _, m := range ms {
+		if t, ok := n.since[m.Node]; ok && n.memberLocked(m.Node).Started.Equal(m.Started) {
+			seen[m.Node] = t
+		} else {
+			seen[m.Node] = now
+		}
+	}
+	n.since = seen
+	n.members = ms
+	n.epoch++
+}
+
+func sameMembers(a, b []Member) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Node != b[i].Node || a[i].Addr != b[i].Addr || !a[i].Started.Equal(b[i].Started) {
+			return false
+		}
+	}
+	return true
 }
 
 // joined adds or updates a member that announced itself.
 func (n *notices) joined(m Member) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	i := sort.Search(len(n.members), func(i int) bool { return n.members[i].Node >= m.Node })
-	if i < len(n.members) && n.members[i].Node == m.Node {
-		n.members[i] = m
-		return
+	ms := append([]Member(nil), n.members...)
+	i := sort.Search(len(ms), func(i int) bool { return ms[i].Node >= m.Node })
+	if i < len(ms) && ms[i].Node == m.Node {
+		ms[i] = m
+	} else {
+		ms = append(ms, Member{})
+		copy(ms[i+1:], ms[i:])
+		ms[i] = m
 	}
-	n.members = append(n.members, Member{})
-	copy(n.members[i+1:], n.members[i:])
-	n.members[i] = m
+	n.setMembersLocked(ms)
 }
 
 // refresh reads the live members.
@@ -244,13 +314,13 @@ func (n *notices) refresh(ctx context.Context) error {
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Node < ms[j].Node })
 	n.mu.Lock()
-	n.members = ms
+	n.setMembersLocked(ms)
 	n.mu.Unlock()
 	return nil
 }
 
 func (n *notices) keepMembers() {
-	t := time.NewTicker(membersRefresh)
+	t := time.NewTicker(n.t.refresh)
 	defer t.Stop()
 	for {
 		select {
@@ -259,7 +329,7 @@ func (n *notices) keepMembers() {
 		case <-t.C:
 		case <-n.refreshNow:
 		}
-		ctx, cancel := context.WithTimeout(n.ctx, noticeTimeout)
+		ctx, cancel := context.WithTimeout(n.ctx, n.t.timeout)
 		if err := n.refresh(ctx); err != nil && n.ctx.Err() == nil {
 			n.log.Warn("cannot read the job's members; notices go to the members known", "err", err)
 		}
@@ -272,7 +342,7 @@ func (n *notices) keepMembers() {
 func (n *notices) peerFailed() {
 	n.failed.Add(1)
 	now := time.Now().UnixNano()
-	if last := n.lastFail.Load(); now-last < int64(membersRetry) || !n.lastFail.CompareAndSwap(last, now) {
+	if last := n.lastFail.Load(); now-last < int64(n.t.retry) || !n.lastFail.CompareAndSwap(last, now) {
 		return
 	}
 	select {
@@ -281,15 +351,46 @@ func (n *notices) peerFailed() {
 	}
 }
 
-// home returns the member that is path's home.
-func (n *notices) home(path string) (Member, bool) {
-	key := n.l.Key(path)
+// dirKey is the key a directory's home is chosen by.
+func (n *notices) dirKey(dir string) string {
+	if dir == "" {
+		return n.l.cfg.Namespace + "/"
+	}
+	return n.l.Key(dir)
+}
+
+// homeOf returns the home of directory dir and the members' epoch.
+func (n *notices) homeOf(dir string) (Member, uint64, bool) {
+	key := n.dirKey(dir)
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	m, ok := rendezvous(n.members, key, "")
+	return m, n.epoch, ok
+}
+
+// previousHome returns, if the home of dir joined less than handoff ago,
+// the home the others chose before it came.
+func (n *notices) previousHome(dir string) (Member, bool) {
+	key := n.dirKey(dir)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	h, ok := rendezvous(n.members, key, "")
+	if !ok || time.Since(n.since[h.Node]) >= n.t.handoff {
+		return Member{}, false
+	}
+	return rendezvous(n.members, key, h.Node)
+}
+
+// rendezvous returns the member that scores highest for key, skipping the
+// node skip.
+func rendezvous(members []Member, key, skip string) (Member, bool) {
 	var best Member
 	var bestScore uint64
 	found := false
-	for _, m := range n.members {
+	for _, m := range members {
+		if m.Node == skip {
+			continue
+		}
 		if s := homeScore(m.Node, key); !found || s > bestScore {
 			best, bestScore, found = m, s, true
 		}
@@ -298,8 +399,8 @@ func (n *notices) home(path string) (Member, bool) {
 }
 
 // homeScore is node's rendezvous score for key: 64-bit FNV-1a of node, a
-// NUL byte and key (computed in place: it runs for every member on every
-// publish and lookup).
+// NUL byte and key (computed in place: it runs for every member whenever
+// a home is chosen).
 func homeScore(node, key string) uint64 {
 	const offset, prime = 14695981039346656037, 1099511628211
 	h := uint64(offset)
@@ -316,11 +417,16 @@ func homeScore(node, key string) uint64 {
 func (n *notices) member(node string) (Member, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	m := n.memberLocked(node)
+	return m, m.Node != ""
+}
+
+func (n *notices) memberLocked(node string) Member {
 	i := sort.Search(len(n.members), func(i int) bool { return n.members[i].Node >= node })
 	if i < len(n.members) && n.members[i].Node == node {
-		return n.members[i], true
+		return n.members[i]
 	}
-	return Member{}, false
+	return Member{}
 }
 
 // send delivers a notice to m and returns the reply.
@@ -329,354 +435,53 @@ func (n *notices) send(ctx context.Context, m Member, msg notice) ([]byte, error
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, noticeTimeout)
+	ctx, cancel := context.WithTimeout(ctx, n.t.timeout)
 	defer cancel()
 	n.sent.Add(1)
-	reply, err := n.peers.Message(ctx, m.Addr, m.Node, b)
+	rb, err := n.peers.Message(ctx, m.Addr, m.Node, b)
 	if err != nil {
 		if ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			n.peerFailed()
 		}
 		return nil, err
 	}
-	return reply, nil
+	return rb, nil
 }
 
 // sendAside sends a notice without waiting for it; failures only count.
 func (n *notices) sendAside(m Member, msg notice) {
-	n.sendAfter(m, msg, nil)
-}
-
-// sendAfter sends a notice without waiting for it, once after is closed (if
-// not nil); the channel it returns is closed when the notice was delivered
-// or failed.
-func (n *notices) sendAfter(m Member, msg notice, after <-chan struct{}) <-chan struct{} {
-	done := make(chan struct{})
 	go func() {
-		defer close(done)
-		if after != nil {
-			select {
-			case <-after:
-			case <-n.ctx.Done():
-				return
-			}
-		}
 		if _, err := n.send(n.ctx, m, msg); err != nil && n.ctx.Err() == nil {
 			n.log.Debug("notice not delivered", "to", m.Node, "kind", msg.Kind, "path", msg.Path, "err", err)
 		}
 	}()
-	return done
 }
 
-// published tells path's home of rec, which this node just published as
-// its publish number publish (see nextPublish), once after is closed (if
-// not nil): the committed record follows the provisional one, so that the
-// home, given both in order, keeps the bytes the first one carries. The
-// channel returned is closed when the home was told (or could not be).
-func (n *notices) published(rec Record, publish uint64, after <-chan struct{}) <-chan struct{} {
-	h, ok := n.home(rec.Path)
-	if !ok {
-		return closedChan
+// decodeReply decodes a home's reply.
+func decodeReply(b []byte) (reply, error) {
+	var r reply
+	if len(b) == 0 {
+		return r, nil
 	}
-	if h.Node == n.self {
-		n.arrived(rec, publish, true)
-		return closedChan
-	}
-	return n.sendAfter(h, publishedNotice(rec, publish), after)
+	err := decodeNotice(b, &r, &r.Inline)
+	return r, err
 }
 
+// withBytes returns rec with a small file's bytes, if this node holds them
+// as its home or was sent them.
+func (n *notices) withBytes(rec Record) Record {
+	if rec = n.home.withHeld(rec); rec.Inline == nil {
+		rec = n.holder.attachBytes(rec)
+	}
+	return rec
+}
+
+// closedChan is a channel that is closed.
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // nextPublish numbers a publish of this node. Numbers start from the clock,
 // so that they are not reused when the daemon restarts.
 func (n *notices) nextPublish() uint64 { return n.publish.Add(1) }
-
-// unpublished tells path's home that owner withdrew its record.
-func (n *notices) unpublished(path, owner string) {
-	if h, ok := n.home(path); ok && h.Node != n.self {
-		n.sendAside(h, notice{Kind: kindUnpublished, Path: path, Owner: owner})
-	}
-}
-
-// arrived takes in a record: the cache keeps it (unless provisional),
-// local waits wake, and, if this node is its home (fromOwner), subscribers
-// are sent it, and the home keeps its bytes.
-func (n *notices) arrived(rec Record, publish uint64, fromOwner bool) {
-	n.mu.Lock()
-	if fromOwner {
-		if rec.Inline != nil {
-			n.held.put(rec, publish)
-		} else if !rec.Provisional {
-			n.held.commit(rec, publish)
-			rec = n.held.attach(rec)
-		}
-	}
-	if !rec.Provisional {
-		n.l.cache.put(rec)
-		delete(n.ahead, rec.Path)
-	} else if fromOwner {
-		n.keepAheadLocked(rec)
-	}
-	if w, ok := n.waits[rec.Path]; ok {
-		w.rec = rec
-		close(w.ch)
-		delete(n.waits, rec.Path)
-	}
-	var to []subscription
-	if fromOwner {
-		keep := n.subs[rec.Path][:0]
-		for _, s := range n.subs[rec.Path] {
-			if s.after < rec.Generation || rec.Provisional {
-				to = append(to, s)
-			} else {
-				keep = append(keep, s)
-			}
-		}
-		n.nsubs -= len(to)
-		if len(keep) == 0 {
-			delete(n.subs, rec.Path)
-		} else {
-			n.subs[rec.Path] = keep
-		}
-	}
-	n.mu.Unlock()
-	for _, s := range to {
-		if s.node == n.self {
-			continue
-		}
-		if m, ok := n.member(s.node); ok {
-			n.pushed.Add(1)
-			n.sendAside(m, publishedNotice(rec, 0))
-		}
-	}
-}
-
-// withHeld returns rec with its bytes, if this node holds them.
-func (n *notices) withHeld(rec Record) Record {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.held.attach(rec)
-}
-
-// keepAheadLocked keeps a provisional record for consumers that ask for it
-// before its committed record arrives.
-func (n *notices) keepAheadLocked(rec Record) {
-	now := time.Now()
-	if len(n.ahead) >= maxAhead {
-		for path, a := range n.ahead {
-			if now.Sub(a.at) >= aheadTTL {
-				delete(n.ahead, path)
-			}
-		}
-		if len(n.ahead) >= maxAhead {
-			return // the consumers that ask now wait for the committed record
-		}
-	}
-	rec.Inline = nil // held apart, within its own bound
-	n.ahead[rec.Path] = aheadRecord{rec: rec, at: now}
-}
-
-// ask asks path's home for a record newer than after, subscribing there if
-// it has none. asked is false when no home could be asked (then only the
-// store can tell).
-func (n *notices) ask(ctx context.Context, path string, after uint64, subscribe, ahead bool) (rec Record, found, asked bool) {
-	h, ok := n.home(path)
-	if !ok {
-		return Record{}, false, false
-	}
-	if h.Node == n.self {
-		rec, found := n.answer(n.self, path, after, false, ahead)
-		return rec, found, true
-	}
-	b, err := n.send(ctx, h, notice{Kind: kindAsk, Path: path, After: after, Subscribe: subscribe, Ahead: ahead})
-	if err != nil {
-		return Record{}, false, false
-	}
-	var r askReply
-	if decodeNotice(b, &r, &r.Inline) != nil {
-		return Record{}, false, false
-	}
-	if r.Rec == nil || r.Rec.Path != path {
-		return Record{}, false, true
-	}
-	rec = *r.Rec
-	if rec.Inline = r.Inline; !inlineFits(rec) {
-		rec.Inline = nil // a transfer brings it
-	}
-	switch {
-	case rec.Provisional:
-		return rec, ahead, true
-	case rec.Generation <= after:
-		return Record{}, false, true
-	}
-	n.l.cache.put(rec)
-	return rec, true, true
-}
-
-// answer answers an ask from node: the record known here if it is newer
-// than after, or (withAhead, for a waiting consumer) one sent ahead of its
-// publish, or else, if subscribe, a subscription.
-func (n *notices) answer(node, path string, after uint64, subscribe, withAhead bool) (Record, bool) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if rec, ok := n.l.cache.get(path); ok && rec.Generation > after {
-		return n.held.attach(rec), true
-	}
-	if a, ok := n.ahead[path]; ok && withAhead && time.Since(a.at) < aheadTTL {
-		return n.held.attach(a.rec), true
-	}
-	if !subscribe {
-		return Record{}, false
-	}
-	now := time.Now()
-	subs := n.subs[path]
-	for i := range subs {
-		if subs[i].node == node {
-			subs[i].after, subs[i].since = after, now
-			return Record{}, false
-		}
-	}
-	if n.nsubs >= maxSubscriptions {
-		n.expireLocked(now)
-		if n.nsubs >= maxSubscriptions {
-			return Record{}, false // the asker falls back on the store
-		}
-	}
-	n.subs[path] = append(subs, subscription{node: node, after: after, since: now})
-	n.nsubs++
-	return Record{}, false
-}
-
-// expireLocked drops subscriptions older than subscriptionTTL.
-func (n *notices) expireLocked(now time.Time) {
-	for path, subs := range n.subs {
-		keep := subs[:0]
-		for _, s := range subs {
-			if now.Sub(s.since) < subscriptionTTL {
-				keep = append(keep, s)
-			}
-		}
-		n.nsubs -= len(subs) - len(keep)
-		if len(keep) == 0 {
-			delete(n.subs, path)
-		} else {
-			n.subs[path] = keep
-		}
-	}
-}
-
-type noticeWait struct {
-	ch    chan struct{}
-	users int
-	rec   Record // the notice's record, once ch is closed
-}
-
-// waitChannel returns what is closed when a notice of path arrives, and the
-// function to call when done with it.
-func (n *notices) waitChannel(path string) (*noticeWait, func()) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	w, ok := n.waits[path]
-	if !ok {
-		w = &noticeWait{ch: make(chan struct{})}
-		n.waits[path] = w
-	}
-	w.users++
-	return w, func() {
-		n.mu.Lock()
-		defer n.mu.Unlock()
-		if w.users--; w.users == 0 && n.waits[path] == w {
-			delete(n.waits, path)
-		}
-	}
-}
-
-// wait waits for a record of path newer than after: told by a notice, or,
-// from noticeGrace on (at once if the home cannot be asked), by the store.
-//
-// With ahead, a provisional record (sent ahead of its publish) ends the
-// wait too.
-func (n *notices) wait(ctx context.Context, path string, after uint64, ahead bool) (Record, error) {
-	var store chan error
-	var storeRec Record
-	storeCtx, stopStore := context.WithCancel(ctx)
-	defer stopStore()
-	startStore := func() {
-		if store != nil {
-			return
-		}
-		n.storeWaits.Add(1)
-		store = make(chan error, 1)
-		go func() {
-			rec, err := n.l.store.Wait(storeCtx, n.l.Key(path), after)
-			storeRec = rec
-			store <- err
-		}()
-	}
-	grace := time.NewTimer(noticeGrace)
-	defer grace.Stop()
-	renew := time.NewTicker(resubscribe)
-	defer renew.Stop()
-	for {
-		// Take the channel before asking, so that a notice between the
-		// answer and the wait is not missed.
-		w, done := n.waitChannel(path)
-		rec, found, asked := n.ask(ctx, path, after, true, ahead)
-		if !found {
-			rec, found = n.l.cache.get(path)
-			found = found && rec.Generation > after
-		}
-		if found {
-			done()
-			return rec, nil
-		}
-		if !asked {
-			startStore()
-		}
-		woken, storeErr, stored, err := n.waitOnce(ctx, w.ch, grace.C, renew.C, &store, startStore)
-		done()
-		switch {
-		case woken:
-			n.woken.Add(1)
-			if (w.rec.Provisional && ahead) || w.rec.Generation > after {
-				return w.rec, nil
-			}
-		case stored:
-			return n.storeDone(storeRec, storeErr)
-		case err != nil:
-			return Record{}, err
-		}
-	}
-}
-
-// waitOnce waits for one of: a notice (woken), the store's answer
-// (stored), a renewal, or the end of ctx (err). The grace timer starts the
-// store's wait.
-func (n *notices) waitOnce(ctx context.Context, ch <-chan struct{}, grace, renew <-chan time.Time, store *chan error, startStore func()) (woken bool, storeErr error, stored bool, err error) {
-	for {
-		select {
-		case <-ch:
-			return true, nil, false, nil
-		case <-grace:
-			startStore()
-			grace = nil
-		case e := <-*store:
-			return false, e, true, nil
-		case <-renew:
-			return false, nil, false, nil
-		case <-ctx.Done():
-			return false, nil, false, ctx.Err()
-		}
-	}
-}
-
-func (n *notices) storeDone(rec Record, err error) (Record, error) {
-	if err != nil {
-		return Record{}, err
-	}
-	n.l.cache.put(rec)
-	return rec, nil
-}
 
 // HandleMessage answers a notice from node from (the transport's message
 // handler).
@@ -706,38 +511,48 @@ func (l *Locator) HandleMessage(ctx context.Context, from string, msg []byte) ([
 		}
 		rec := *in.Rec
 		rec.Inline = in.Inline
-		if _, err := CleanPath(rec.Path); err != nil || rec.Owner == "" || (rec.Generation == 0) != rec.Provisional {
-			return nil, fmt.Errorf("bad notice: record %+v", *in.Rec)
+		if _, err := CleanPath(rec.Path); err != nil || rec.Owner == "" || (rec.Owner != from && !in.Forwarded) || (rec.Generation == 0) != rec.Provisional {
+			return nil, fmt.Errorf("bad notice: record %+v from %s", *in.Rec, from)
 		}
 		if !inlineFits(rec) {
 			return nil, fmt.Errorf("bad notice: %d bytes sent with a record of %s of %d bytes", len(rec.Inline.Data), rec.Path, rec.Size)
 		}
-		// From the owner, this node is the home; otherwise it is a home
-		// passing the record on to this subscriber.
-		n.arrived(rec, in.Publish, rec.Owner == from)
-		return nil, nil
+		r := n.home.published(ctx, from, rec, in.Publish, in.Sync, in.Forwarded)
+		return encodeNotice(r, nil)
 	case kindUnpublished:
-		n.mu.Lock()
-		if rec, ok := l.cache.get(in.Path); ok && rec.Owner == in.Owner && in.Owner == from {
-			l.cache.remove(in.Path)
+		if _, err := CleanPath(in.Path); err != nil || in.Gen == 0 {
+			return nil, fmt.Errorf("bad notice: removal of %q at generation %d", in.Path, in.Gen)
 		}
-		if a, ok := n.ahead[in.Path]; ok && a.rec.Owner == in.Owner && in.Owner == from {
-			delete(n.ahead, in.Path)
-		}
-		if in.Owner == from {
-			n.held.drop(in.Path, in.Owner)
-		}
-		n.mu.Unlock()
-		return nil, nil
+		r := n.home.unpublished(ctx, from, in.Path, in.Gen, in.Sync, in.Forwarded)
+		return encodeNotice(r, nil)
 	case kindAsk:
 		if _, err := CleanPath(in.Path); err != nil {
 			return nil, fmt.Errorf("bad notice: %w", err)
 		}
-		rec, found := n.answer(from, in.Path, in.After, in.Subscribe, in.Ahead)
-		if !found {
-			return json.Marshal(askReply{})
+		r := n.home.ask(from, in.Path, in.After, in.Ahead)
+		return encodeNotice(r, r.Inline)
+	case kindList:
+		if in.Path != "" {
+			if _, err := CleanPath(in.Path); err != nil {
+				return nil, fmt.Errorf("bad notice: %w", err)
+			}
 		}
-		return encodeNotice(askReply{Rec: &rec, Inline: rec.Inline}, rec.Inline)
+		return encodeNotice(n.home.list(from, in.Path), nil)
+	case kindBreak:
+		if _, err := CleanPath(in.Path); err != nil {
+			return nil, fmt.Errorf("bad notice: %w", err)
+		}
+		if in.Rec != nil {
+			rec := *in.Rec
+			rec.Inline = in.Inline
+			if rec.Path != in.Path || !inlineFits(rec) {
+				return nil, fmt.Errorf("bad notice: a break of %s with record %+v", in.Path, *in.Rec)
+			}
+			n.holder.broken(from, in.Path, &rec, 0, in.Listing, in.Held)
+		} else {
+			n.holder.broken(from, in.Path, nil, in.Gen, in.Listing, in.Held)
+		}
+		return nil, nil
 	}
 	return nil, fmt.Errorf("bad notice: unknown kind %q", in.Kind)
 }
@@ -747,5 +562,6 @@ func (n *notices) stats() NoticeStats {
 	members := len(n.members)
 	n.mu.Unlock()
 	return NoticeStats{Members: members, Sent: n.sent.Load(), Received: n.received.Load(), Failed: n.failed.Load(),
-		Pushed: n.pushed.Load(), WokenBy: n.woken.Load(), StoreWaits: n.storeWaits.Load()}
+		Breaks: n.breaks.Load(), Broken: n.broken.Load(), Holders: n.home.holders(), Promises: n.holder.promises(),
+		WokenBy: n.woken.Load(), StoreWaits: n.storeWaits.Load(), HomeWaits: n.homeWaits.Load()}
 }

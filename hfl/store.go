@@ -8,23 +8,32 @@ import (
 )
 
 // Store is the global metadata store: a key-value map of Records with
-// versioned updates and blocking waits. Keys are opaque to the store; the
-// Locator builds them. Every backend passes the kvtest conformance suite.
+// versioned updates and blocking waits, and an index of every directory's
+// entries. Keys are opaque to the store; the Locator builds them (see
+// Slot). Every backend passes the kvtest conformance suite.
 type Store interface {
-	// Publish stores rec under key and returns it with the generation the
-	// store assigned, which is larger than that of any earlier publish of key.
-	Publish(ctx context.Context, key string, rec Record) (Record, error)
+	// Publish stores rec in slot (under slot.Key, and as slot.Name in the
+	// index of slot.Dir) and returns it with the generation the store
+	// assigned, which is larger than that of any earlier publish or
+	// removal of slot.Key.
+	Publish(ctx context.Context, slot Slot, rec Record) (Record, error)
 	// Lookup returns the record under key, or ErrNotFound.
 	Lookup(ctx context.Context, key string) (Record, error)
 	// Wait blocks until the store holds a record under key whose generation
 	// is larger than after (after == 0: any record) and returns it. It ends
 	// with ctx's error when ctx is done.
 	Wait(ctx context.Context, key string, after uint64) (Record, error)
-	// Remove deletes the record under key if its owner is owner (any owner
-	// when owner is empty). It returns ErrNotFound when there is no such
-	// record, and nil without deleting when the record belongs to another
-	// owner: a newer publish from elsewhere wins over an older unlink.
-	Remove(ctx context.Context, key, owner string) error
+	// Remove deletes the record in slot, from the key and the directory
+	// index at once, if it matches cond, and returns the generation of the
+	// removal (larger than the removed record's). It returns ErrNotFound
+	// when there is no record, and ErrConflict, deleting nothing, when the
+	// record does not match cond: a newer publish wins over an older
+	// unlink.
+	Remove(ctx context.Context, slot Slot, cond RemoveCond) (uint64, error)
+	// ListDir returns the records in the index of directory dir whose
+	// names sort after after (byte order), in that order, at most limit of
+	// them (limit <= 0: DefaultListLimit). Fewer than limit means the end.
+	ListDir(ctx context.Context, dir, after string, limit int) ([]Record, error)
 
 	// Register stores value under key for as long as this daemon lives:
 	// until Close, or, in a store shared between nodes, until the daemon
@@ -47,6 +56,31 @@ type Store interface {
 	// stored; pending waits end with ErrClosed.
 	Close() error
 }
+
+// Slot is where a record lives in a store: under Key, DYAD's hashed key of
+// its path in the job's namespace, and as entry Name of directory Dir, the
+// job's namespace and the path of the directory (see Locator.Slot).
+type Slot struct {
+	Key  string
+	Dir  string
+	Name string
+}
+
+// RemoveCond says which record Remove may delete: one published by Owner
+// (any owner if empty), at generation MaxGeneration or older (any if 0).
+type RemoveCond struct {
+	Owner         string
+	MaxGeneration uint64
+}
+
+// matches reports whether rec may be removed under c.
+func (c RemoveCond) matches(rec Record) bool {
+	return (c.Owner == "" || rec.Owner == c.Owner) && (c.MaxGeneration == 0 || rec.Generation <= c.MaxGeneration)
+}
+
+// DefaultListLimit is how many entries ListDir returns when asked for no
+// particular number: a page of a large directory.
+const DefaultListLimit = 1000
 
 // EmbeddedURL names the in-process store used on a single node.
 const EmbeddedURL = "embedded://"

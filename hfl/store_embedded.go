@@ -2,6 +2,8 @@ package hfl
 
 import (
 	"context"
+	"fmt"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -13,7 +15,9 @@ import (
 type EmbeddedStore struct {
 	mu      sync.Mutex
 	records map[string]Record
-	values  map[string][]byte
+	// dirs indexes the records by directory: Dir, then Name, then Key.
+	dirs   map[string]*embeddedDir
+	values map[string][]byte
 	// waiters holds, per key, a channel closed at the next publish of the
 	// key, and how many waits use it (so that abandoned waits leave nothing).
 	waiters map[string]*keyWaiters
@@ -27,6 +31,7 @@ type EmbeddedStore struct {
 func NewEmbeddedStore() *EmbeddedStore {
 	return &EmbeddedStore{
 		records: make(map[string]Record),
+		dirs:    make(map[string]*embeddedDir),
 		values:  make(map[string][]byte),
 		waiters: make(map[string]*keyWaiters),
 		lastGen: uint64(time.Now().UnixNano()),
@@ -43,8 +48,16 @@ func (s *EmbeddedStore) isClosed() bool {
 	}
 }
 
+// embeddedDir is one directory's index: its entries' keys by name, and
+// the names in order, sorted again only when a listing needs them after a
+// change.
+type embeddedDir struct {
+	keys   map[string]string
+	sorted []string // nil after a change
+}
+
 // Publish implements Store.
-func (s *EmbeddedStore) Publish(ctx context.Context, key string, rec Record) (Record, error) {
+func (s *EmbeddedStore) Publish(ctx context.Context, slot Slot, rec Record) (Record, error) {
 	if s.isClosed() {
 		return Record{}, ErrClosed
 	}
@@ -52,12 +65,53 @@ func (s *EmbeddedStore) Publish(ctx context.Context, key string, rec Record) (Re
 	defer s.mu.Unlock()
 	s.lastGen++
 	rec.Generation = s.lastGen
-	s.records[key] = rec
-	if w, ok := s.waiters[key]; ok {
+	s.records[slot.Key] = rec
+	d := s.dirs[slot.Dir]
+	if d == nil {
+		d = &embeddedDir{keys: make(map[string]string)}
+		s.dirs[slot.Dir] = d
+	}
+	if _, ok := d.keys[slot.Name]; !ok {
+		d.sorted = nil
+	}
+	d.keys[slot.Name] = slot.Key
+	if w, ok := s.waiters[slot.Key]; ok {
 		close(w.ch)
-		delete(s.waiters, key)
+		delete(s.waiters, slot.Key)
 	}
 	return rec, nil
+}
+
+// ListDir implements Store.
+func (s *EmbeddedStore) ListDir(ctx context.Context, dir, after string, limit int) ([]Record, error) {
+	if s.isClosed() {
+		return nil, ErrClosed
+	}
+	if limit <= 0 {
+		limit = DefaultListLimit
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.dirs[dir]
+	if d == nil {
+		return nil, nil
+	}
+	if d.sorted == nil {
+		d.sorted = make([]string, 0, len(d.keys))
+		for name := range d.keys {
+			d.sorted = append(d.sorted, name)
+		}
+		sort.Strings(d.sorted)
+	}
+	i := sort.SearchStrings(d.sorted, after)
+	if i < len(d.sorted) && d.sorted[i] == after {
+		i++
+	}
+	var out []Record
+	for ; i < len(d.sorted) && len(out) < limit; i++ {
+		out = append(out, s.records[d.keys[d.sorted[i]]])
+	}
+	return out, nil
 }
 
 // Lookup implements Store.
@@ -124,21 +178,29 @@ func (s *EmbeddedStore) waitersLen() int {
 }
 
 // Remove implements Store.
-func (s *EmbeddedStore) Remove(ctx context.Context, key, owner string) error {
+func (s *EmbeddedStore) Remove(ctx context.Context, slot Slot, cond RemoveCond) (uint64, error) {
 	if s.isClosed() {
-		return ErrClosed
+		return 0, ErrClosed
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec, ok := s.records[key]
+	rec, ok := s.records[slot.Key]
 	if !ok {
-		return ErrNotFound
+		return 0, ErrNotFound
 	}
-	if owner != "" && rec.Owner != owner {
-		return nil
+	if !cond.matches(rec) {
+		return 0, fmt.Errorf("remove %s (generation %d by %s): %w", rec.Path, rec.Generation, rec.Owner, ErrConflict)
 	}
-	delete(s.records, key)
-	return nil
+	delete(s.records, slot.Key)
+	if d := s.dirs[slot.Dir]; d != nil && d.keys[slot.Name] == slot.Key {
+		delete(d.keys, slot.Name)
+		d.sorted = nil
+		if len(d.keys) == 0 {
+			delete(s.dirs, slot.Dir)
+		}
+	}
+	s.lastGen++
+	return s.lastGen, nil
 }
 
 // Register implements Store. In one process the daemon's life is the

@@ -28,11 +28,16 @@ import (
 // conformance suite requires them to be apart (a registered value is not a
 // record), so each has its own subtree under the prefix:
 //
-//	<prefix>rec/<key>  a Record as JSON; its "gen" field is stored as 0
-//	<prefix>val/<key>  a value of Register or PutIfAbsent, raw bytes
+//	<prefix>rec/<key>           a Record as JSON; its "gen" field is stored as 0
+//	<prefix>dir/<dir>//<name>   the same record, in its directory's index
+//	<prefix>val/<key>           a value of Register or PutIfAbsent, raw bytes
 //
 // with the prefix "/dyadfs/" by default, so a job's records are listed by
-// `etcdctl get --prefix /dyadfs/rec/<namespace>/`.
+// `etcdctl get --prefix /dyadfs/rec/<namespace>/`, and the entries of its
+// directory run1 by `etcdctl get --prefix /dyadfs/dir/<namespace>/run1//`.
+// A clean path never holds "//", so one directory's prefix never matches
+// another's entries. A record and its index entry are written and deleted
+// in one transaction, so they always agree and share one revision.
 //
 // Generations are etcd revisions: a record's generation is the ModRevision of
 // its key, which Publish learns from the header of its one Put. Revisions are
@@ -61,6 +66,7 @@ const DefaultEtcdPrefix = "/dyadfs/"
 // Subtrees under the prefix.
 const (
 	etcdRecordDir = "rec/"
+	etcdIndexDir  = "dir/"
 	etcdValueDir  = "val/"
 )
 
@@ -252,6 +258,11 @@ func OpenEtcdStore(ctx context.Context, cfg EtcdConfig) (*EtcdStore, error) {
 func (s *EtcdStore) recordKey(key string) string { return s.cfg.Prefix + etcdRecordDir + key }
 func (s *EtcdStore) valueKey(key string) string  { return s.cfg.Prefix + etcdValueDir + key }
 
+// indexPrefix is where the entries of directory dir are kept.
+func (s *EtcdStore) indexPrefix(dir string) string { return s.cfg.Prefix + etcdIndexDir + dir + "//" }
+
+func (s *EtcdStore) indexKey(slot Slot) string { return s.indexPrefix(slot.Dir) + slot.Name }
+
 // call returns the context of one call to etcd: the caller's, bounded by
 // RequestTimeout and ended by Close.
 func (s *EtcdStore) call(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -286,24 +297,61 @@ func (s *EtcdStore) checkOpen() error {
 	return nil
 }
 
-// Publish implements Store: one Put, whose revision is the generation.
-func (s *EtcdStore) Publish(ctx context.Context, key string, rec Record) (Record, error) {
+// Publish implements Store: one transaction that puts the record and its
+// index entry; its revision is the generation.
+func (s *EtcdStore) Publish(ctx context.Context, slot Slot, rec Record) (Record, error) {
 	if err := s.checkOpen(); err != nil {
 		return Record{}, err
 	}
 	rec.Generation = 0
 	v, err := json.Marshal(rec)
 	if err != nil {
-		return Record{}, fmt.Errorf("etcd: publish %q: %w", key, err)
+		return Record{}, fmt.Errorf("etcd: publish %q: %w", slot.Key, err)
 	}
 	cctx, cancel := s.call(ctx)
 	defer cancel()
-	resp, err := s.cli.Put(cctx, s.recordKey(key), string(v))
+	resp, err := s.cli.Txn(cctx).Then(
+		clientv3.OpPut(s.recordKey(slot.Key), string(v)),
+		clientv3.OpPut(s.indexKey(slot), string(v)),
+	).Commit()
 	if err != nil {
-		return Record{}, s.fail(ctx, cctx, "publish", key, err)
+		return Record{}, s.fail(ctx, cctx, "publish", slot.Key, err)
 	}
 	rec.Generation = uint64(resp.Header.Revision)
 	return rec, nil
+}
+
+// ListDir implements Store: one linearizable range read of the
+// directory's index (a home loads a directory with it and then answers
+// for it, so it must not miss what a lagging member has not seen).
+func (s *EtcdStore) ListDir(ctx context.Context, dir, after string, limit int) ([]Record, error) {
+	if err := s.checkOpen(); err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		limit = DefaultListLimit
+	}
+	prefix := s.indexPrefix(dir)
+	start := prefix
+	if after != "" {
+		start = prefix + after + "\x00" // the first key after prefix+after
+	}
+	cctx, cancel := s.call(ctx)
+	defer cancel()
+	resp, err := s.cli.Get(cctx, start, clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefix)),
+		clientv3.WithLimit(int64(limit)), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+	if err != nil {
+		return nil, s.fail(ctx, cctx, "list", dir, err)
+	}
+	out := make([]Record, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		rec, err := decodeRecord(string(kv.Key), kv.Value, kv.ModRevision)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rec)
+	}
+	return out, nil
 }
 
 // decodeRecord reads a stored record; its generation is the key's revision.
@@ -545,53 +593,43 @@ func (b *etcdBackoff) next() time.Duration {
 	return b.d
 }
 
-// Remove implements Store: with an owner, it reads the record and deletes
-// it only if it is still the same revision, retrying if another write came
-// in between.
-func (s *EtcdStore) Remove(ctx context.Context, key, owner string) error {
+// Remove implements Store: it reads the record and deletes it and its
+// index entry only if the record is still the same revision, judging cond
+// again if another write came in between.
+func (s *EtcdStore) Remove(ctx context.Context, slot Slot, cond RemoveCond) (uint64, error) {
 	if err := s.checkOpen(); err != nil {
-		return err
+		return 0, err
 	}
-	ekey := s.recordKey(key)
+	ekey := s.recordKey(slot.Key)
 	cctx, cancel := s.call(ctx)
 	defer cancel()
-	if owner == "" {
-		resp, err := s.cli.Delete(cctx, ekey)
-		if err != nil {
-			return s.fail(ctx, cctx, "remove", key, err)
-		}
-		if resp.Deleted == 0 {
-			return ErrNotFound
-		}
-		return nil
-	}
 	resp, err := s.cli.Get(cctx, ekey)
 	if err != nil {
-		return s.fail(ctx, cctx, "remove", key, err)
+		return 0, s.fail(ctx, cctx, "remove", slot.Key, err)
 	}
 	kvs := resp.Kvs
 	for {
 		if len(kvs) == 0 {
-			return ErrNotFound
+			return 0, ErrNotFound
 		}
 		kv := kvs[0]
-		rec, err := decodeRecord(key, kv.Value, kv.ModRevision)
+		rec, err := decodeRecord(slot.Key, kv.Value, kv.ModRevision)
 		if err != nil {
-			return err
+			return 0, err
 		}
-		if rec.Owner != owner {
-			return nil
+		if !cond.matches(rec) {
+			return 0, fmt.Errorf("remove %s (generation %d by %s): %w", rec.Path, rec.Generation, rec.Owner, ErrConflict)
 		}
 		tr, err := s.cli.Txn(cctx).
 			If(clientv3.Compare(clientv3.ModRevision(ekey), "=", kv.ModRevision)).
-			Then(clientv3.OpDelete(ekey)).
+			Then(clientv3.OpDelete(ekey), clientv3.OpDelete(s.indexKey(slot))).
 			Else(clientv3.OpGet(ekey)).
 			Commit()
 		if err != nil {
-			return s.fail(ctx, cctx, "remove", key, err)
+			return 0, s.fail(ctx, cctx, "remove", slot.Key, err)
 		}
 		if tr.Succeeded {
-			return nil
+			return uint64(tr.Header.Revision), nil
 		}
 		kvs = tr.Responses[0].GetResponseRange().GetKvs()
 	}

@@ -58,6 +58,10 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
+// eslot places a record of these tests under key, in a directory index of
+// their own.
+func eslot(key string) hfl.Slot { return hfl.Slot{Key: key, Dir: "etcdtest", Name: key} }
+
 func record(path, owner string) hfl.Record {
 	return hfl.Record{Path: path, Owner: owner, Size: 42, Mode: 0o100644, MtimeNs: 1}
 }
@@ -101,7 +105,7 @@ func TestEtcdOpenStore(t *testing.T) {
 		t.Fatalf("OpenStore(%s): %v", srv.URL(), err)
 	}
 	defer s.Close()
-	out, err := s.Publish(ctx, "job/k", record("p", "n1"))
+	out, err := s.Publish(ctx, eslot("job/k"), record("p", "n1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +196,7 @@ func TestEtcdWaitSurvivesRestart(t *testing.T) {
 			if err := s.Register(ctx, "job/nodes/n1", []byte("n1"), 2*time.Second, nil); err != nil {
 				t.Fatal(err)
 			}
-			first, err := s.Publish(ctx, "job/k", record("p", "n1"))
+			first, err := s.Publish(ctx, eslot("job/k"), record("p", "n1"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -222,7 +226,7 @@ func TestEtcdWaitSurvivesRestart(t *testing.T) {
 			var second hfl.Record
 			deadline := time.Now().Add(15 * time.Second)
 			for {
-				second, err = s.Publish(ctx, "job/k", record("p", "n2"))
+				second, err = s.Publish(ctx, eslot("job/k"), record("p", "n2"))
 				if err == nil || time.Now().After(deadline) {
 					break
 				}
@@ -262,9 +266,12 @@ func TestEtcdCallsFailWhileDown(t *testing.T) {
 	srv.Stop()
 
 	calls := map[string]func(context.Context) error{
-		"Publish": func(ctx context.Context) error { _, err := s.Publish(ctx, "k", record("p", "n1")); return err },
+		"Publish": func(ctx context.Context) error { _, err := s.Publish(ctx, eslot("k"), record("p", "n1")); return err },
 		"Lookup":  func(ctx context.Context) error { _, err := s.Lookup(ctx, "k"); return err },
-		"Remove":  func(ctx context.Context) error { return s.Remove(ctx, "k", "n1") },
+		"Remove": func(ctx context.Context) error {
+			_, err := s.Remove(ctx, eslot("k"), hfl.RemoveCond{Owner: "n1"})
+			return err
+		},
 		"Register": func(ctx context.Context) error {
 			return s.Register(ctx, "nodes/n1", []byte("x"), 5*time.Second, nil)
 		},
@@ -576,7 +583,7 @@ func TestEtcdWaitAfterCompaction(t *testing.T) {
 	s := openEtcd(t, proxy.Addr(), "/compact/", nil)
 	direct := openEtcd(t, srv.Endpoints(), "/compact/", nil)
 
-	first, err := direct.Publish(ctx, "k", record("p", "n1"))
+	first, err := direct.Publish(ctx, eslot("k"), record("p", "n1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -584,12 +591,12 @@ func TestEtcdWaitAfterCompaction(t *testing.T) {
 	srv.WaitWatchers(t, 1)
 	proxy.Cut()
 
-	second, err := direct.Publish(ctx, "k", record("p", "n2"))
+	second, err := direct.Publish(ctx, eslot("k"), record("p", "n2"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 3; i++ {
-		if _, err := direct.Publish(ctx, "other", record("o", "n2")); err != nil {
+		if _, err := direct.Publish(ctx, eslot("other"), record("o", "n2")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -626,20 +633,20 @@ func TestEtcdRemoveRacesPublish(t *testing.T) {
 	b := openEtcd(t, srv.Endpoints(), "/race/", nil)
 	for i := 0; i < 50; i++ {
 		key := fmt.Sprintf("k%d", i)
-		if _, err := a.Publish(ctx, key, record("p", "nA")); err != nil {
+		if _, err := a.Publish(ctx, eslot(key), record("p", "nA")); err != nil {
 			t.Fatal(err)
 		}
 		var wg sync.WaitGroup
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			if err := a.Remove(ctx, key, "nA"); err != nil && !errors.Is(err, hfl.ErrNotFound) {
+			if _, err := a.Remove(ctx, eslot(key), hfl.RemoveCond{Owner: "nA"}); err != nil && !errors.Is(err, hfl.ErrNotFound) && !errors.Is(err, hfl.ErrConflict) {
 				t.Errorf("Remove: %v", err)
 			}
 		}()
 		go func() {
 			defer wg.Done()
-			if _, err := b.Publish(ctx, key, record("p", "nB")); err != nil {
+			if _, err := b.Publish(ctx, eslot(key), record("p", "nB")); err != nil {
 				t.Errorf("Publish: %v", err)
 			}
 		}()

@@ -8,7 +8,8 @@ export PATH="$PATH:/usr/local/go/bin"
 # Debian packages: fuse3 (fusermount3); etcd-server, the metadata store
 # shared between nodes; python3 and util-linux (unshare, nsenter, setpriv)
 # for the tests; iproute2 (ip, tc) for the multi-node tests; iperf3 for the
-# benchmark's network baseline.
+# benchmark's network baseline; the programs the tests run on the mount
+# as users do (rsync, sqlite3, and Debian's python3 with numpy and h5py).
 packages=()
 command -v fusermount3 >/dev/null || packages+=(fuse3)
 command -v etcd >/dev/null || packages+=(etcd-server)
@@ -16,6 +17,9 @@ command -v python3 >/dev/null || packages+=(python3)
 command -v nsenter >/dev/null || packages+=(util-linux)
 command -v ip >/dev/null || packages+=(iproute2)
 command -v iperf3 >/dev/null || packages+=(iperf3)
+command -v rsync >/dev/null || packages+=(rsync)
+command -v sqlite3 >/dev/null || packages+=(sqlite3)
+/usr/bin/python3 -c 'import numpy, h5py' 2>/dev/null || packages+=(python3-numpy python3-h5py)
 if ((${#packages[@]})); then
 	if [[ $(id -u) -ne 0 ]]; then
 		echo "setup.sh: missing ${packages[*]}; run as root to install them" >&2

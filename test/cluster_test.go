@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -364,6 +365,34 @@ func (n *node) kill() {
 	}
 	n.pid = 0
 	n.run("fusermount3", "-u", "-z", n.c.mnt)
+}
+
+// stop unmounts dyadfs on the node, as a user would, and waits for the
+// daemon to exit; start mounts it again over the same backing directory.
+func (n *node) stop() {
+	n.c.t.Helper()
+	if out, err := n.run("fusermount3", "-u", n.c.mnt); err != nil {
+		n.c.t.Fatalf("%s: fusermount3 -u: %v: %s", n.name, err, out)
+	}
+	if !waitExit(n.pid, bound) {
+		n.c.t.Fatalf("%s: daemon still running after unmount", n.name)
+	}
+	n.pid = 0
+}
+
+// published returns the store's record of rel as the node's control
+// directory shows it.
+func (n *node) published(rel string) (hfl.Record, bool) {
+	n.c.t.Helper()
+	out, err := n.run("cat", filepath.Join(n.c.mnt, ".dyadfs", "locate", url.PathEscape(rel)))
+	if err != nil {
+		return hfl.Record{}, false
+	}
+	var l fs.Located
+	if err := json.Unmarshal([]byte(out), &l); err != nil || l.Published == nil {
+		return hfl.Record{}, false
+	}
+	return *l.Published, true
 }
 
 // linkDown cuts the node's network link; linkUp restores it.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/fs"
+	"github.com/dyadfs/dyadfs/fs/caller"
 	"github.com/dyadfs/dyadfs/fs/dmd"
 	"github.com/dyadfs/dyadfs/hfl"
 )
@@ -122,6 +123,7 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 	f.IntVar(&c.Locator.KeyDepth, "key-depth", c.Locator.KeyDepth, "levels of the hashed metadata key (DYAD_KEY_DEPTH)")
 	f.IntVar(&c.Locator.KeyBins, "key-bins", c.Locator.KeyBins, "bins per level of the hashed metadata key (DYAD_KEY_BINS)")
 	f.DurationVar(&c.DMD.WaitTimeout, "wait-timeout", c.DMD.WaitTimeout, "bound on how long an open waits for a file (0: forever); on expiry open fails with ETIMEDOUT")
+	f.BoolVar(&c.FS.WaitMissing, "wait-missing", c.FS.WaitMissing, "a read-only open of a path published nowhere waits for it, unless its process says otherwise ("+caller.EnvWait+", "+caller.EnvConsumer+", "+caller.EnvProducer+"); false: ENOENT unless it says it waits")
 	f.BoolVar(&c.DMD.FsyncOnPublish, "fsync-on-publish", c.DMD.FsyncOnPublish, "make file data durable before publishing it (DYAD_FSYNC_WRITE)")
 	f.BoolVar(&c.DMD.SharedStorage, "shared-storage", c.DMD.SharedStorage, "all nodes see the same backing storage: wait for records, never transfer (DYAD_SHARED_STORAGE)")
 	f.StringVar(&c.DTL, "dtl", c.DTL, "data `TRANSPORT` between nodes: tcp (DYAD_DTL_MODE)")
@@ -141,6 +143,8 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 	f.BoolVar(&c.FS.Debug, "debug-fuse", false, "log every FUSE request (very verbose)")
 	f.StringVar(&c.CPUProfile, "cpu-profile", "", "write a Go CPU profile of the daemon to `FILE` until unmount (for developers)")
 	f.MarkHidden("cpu-profile")
+	f.DurationVar(&c.DMD.WaitLogAfter, "wait-log-after", c.DMD.WaitLogAfter, "log an open that has waited this long (for tests)")
+	f.MarkHidden("wait-log-after")
 	return f, v
 }
 
@@ -182,6 +186,7 @@ func (v *mountFlagValues) finish(c *mountConfig, args []string) error {
 	if err := hfl.ValidateStoreURL(c.StoreURL); err != nil {
 		return fail(exitUsage, fmt.Sprintf("--store: %v", err))
 	}
+	c.Locator.SingleNode = singleNode(c.StoreURL)
 	if err := c.Locator.Validate(); err != nil {
 		return fail(exitUsage, err.Error())
 	}

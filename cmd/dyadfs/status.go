@@ -89,7 +89,21 @@ func printStatus(out io.Writer, st *fs.Status) {
 	row("  unpublishes", d.Unpublishes)
 	row("  incomplete at start", d.ScanIncomplete)
 	row("  fetches", fmt.Sprintf("%d (errors %d)", d.Fetches, d.FetchErrors))
+	row("  rewrites claimed", fmt.Sprintf("%d (errors %d)", d.Claims, d.ClaimErrors))
+	row("  copies here / stale copies dropped", fmt.Sprintf("%d / %d", d.Copies, d.StaleCopies))
+	row("  files replaced by other nodes", d.Replaced)
+	row("  files set aside (rewritten elsewhere)", d.Superseded)
 	w.Flush()
+
+	fmt.Fprintf(out, "\nwaiting opens (%d)\n", len(st.Waiters))
+	if len(st.Waiters) > 0 {
+		w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(w, "  waited\tpid\tcommand\tfor\tpath")
+		for _, wt := range st.Waiters {
+			fmt.Fprintf(w, "  %.1fs\t%d\t%s\t%s\t%s\n", wt.Seconds, wt.Pid, wt.Command, wt.For, wt.Path)
+		}
+		w.Flush()
+	}
 
 	fmt.Fprintln(out, "\nlocator")
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
@@ -100,9 +114,12 @@ func printStatus(out io.Writer, st *fs.Status) {
 	row("  cached records", st.Locator.Cached)
 	if n := st.Locator.Notices; n != nil {
 		row("  members", n.Members)
-		row("  notices sent / received", fmt.Sprintf("%d / %d (failed %d, passed on %d)", n.Sent, n.Received, n.Failed, n.Pushed))
+		row("  notices sent / received", fmt.Sprintf("%d / %d (failed %d)", n.Sent, n.Received, n.Failed))
+		row("  changes passed on / told here", fmt.Sprintf("%d / %d", n.Breaks, n.Broken))
+		row("  promises kept as home / held", fmt.Sprintf("%d / %d", n.Holders, n.Promises))
 		row("  waits woken by a notice", n.WokenBy)
 		row("  waits that also watched the store", n.StoreWaits)
+		row("  waits for a dead home", n.HomeWaits)
 	}
 	for _, k := range sortedKeys(st.Intent) {
 		row("  missing-name lookups: "+strings.ReplaceAll(k, "_", " "), st.Intent[k])

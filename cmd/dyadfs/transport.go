@@ -81,7 +81,7 @@ func startSharing(ctx context.Context, c *mountConfig, loc *hfl.Locator, d *dmd.
 	}
 	nctx, stop := context.WithCancel(context.Background())
 	if notices {
-		if err := loc.EnableNotices(nctx, self.Node, messenger, log); err != nil {
+		if err := loc.EnableNotices(nctx, self, messenger, log); err != nil {
 			// Waits still work through the store alone, only slower.
 			log.Warn("notices are off", "err", err)
 		}

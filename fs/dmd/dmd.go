@@ -36,6 +36,8 @@ type Config struct {
 	Node string
 	// WaitTimeout bounds every wait for a file; zero waits forever.
 	WaitTimeout time.Duration
+	// WaitLogAfter is how long an open waits before the log says so.
+	WaitLogAfter time.Duration
 	// FsyncOnPublish makes the data durable before a file is published.
 	FsyncOnPublish bool
 	// SharedStorage says that every node sees the same backing storage, so
@@ -45,7 +47,7 @@ type Config struct {
 
 // DefaultConfig returns the defaults; Backing and Node must still be set.
 func DefaultConfig() Config {
-	return Config{}
+	return Config{WaitLogAfter: 10 * time.Second}
 }
 
 // Validate checks the configuration.
@@ -113,8 +115,26 @@ type DMD struct {
 	watches map[string]*pathWatch
 	// retries holds paths whose publish failed; retrying says whether the
 	// retry loop runs.
-	retries  map[string]struct{}
+	retries  map[string]retryOp
 	retrying bool
+	// copies holds what the copies of other nodes' files, and the
+	// shadows of their directories, in the backing directory are: they
+	// are not this node's to publish, and they go when a newer version
+	// is published (see view.go).
+	copies map[string]copyInfo
+	// releasing counts, per path, last writers between letting readers in
+	// and publishing.
+	releasing map[string]int
+	// superseded holds this node's own files that another node replaced
+	// or is rewriting: not shown or served, removed once a newer version
+	// is published.
+	superseded map[string]uint64
+	// notifier tells the kernel of entries that changed unseen.
+	notifier Notifier
+	// waiters lists the opens that wait, for the status.
+	waiters waiters
+	// storeID names the store this node publishes in (see publishedXattr).
+	storeID string
 	// backingFd is the backing directory and tempFd the temporary one,
 	// opened once; served and installed paths are resolved beneath them.
 	backingFd, tempFd int
@@ -156,6 +176,9 @@ func New(cfg Config, loc *hfl.Locator, log *slog.Logger) (*DMD, error) {
 		creating:   make(map[string]int),
 		publishing: make(map[string]hfl.Record),
 		watches:    make(map[string]*pathWatch),
+		copies:     make(map[string]copyInfo),
+		releasing:  make(map[string]int),
+		superseded: make(map[string]uint64),
 	}
 	_, err := os.Stat(d.internalPath())
 	fresh := errors.Is(err, os.ErrNotExist)

@@ -166,7 +166,7 @@ func TestWaitCompleteBlocksUntilRelease(t *testing.T) {
 	f.WriteString("partial")
 	syscall.Fstat(int(f.Fd()), &st)
 	done := make(chan error, 1)
-	go func() { done <- fx.d.WaitComplete(fx.ctx(), IDOf(&st), 0) }()
+	go func() { done <- fx.d.WaitComplete(fx.ctx(), IDOf(&st), "f", 0) }()
 	for fx.d.Stats().OpensWaited == 0 {
 		select {
 		case err := <-done:
@@ -181,7 +181,7 @@ func TestWaitCompleteBlocksUntilRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Nothing busy: returns at once.
-	if err := fx.d.WaitComplete(fx.ctx(), IDOf(&st), 0); err != nil {
+	if err := fx.d.WaitComplete(fx.ctx(), IDOf(&st), "f", 0); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -198,7 +198,7 @@ func TestWaitCompleteSameProcessDoesNotWait(t *testing.T) {
 	fx.d.EndCreate("f")
 	w.Opened(int(f.Fd()))
 	// Another thread of this process asks: it must not wait for itself.
-	if err := fx.d.WaitComplete(fx.ctx(), IDOf(&st), uint32(os.Getpid())); err != nil {
+	if err := fx.d.WaitComplete(fx.ctx(), IDOf(&st), "f", uint32(os.Getpid())); err != nil {
 		t.Fatal(err)
 	}
 	fx.end(w, f, "f")
@@ -213,7 +213,7 @@ func TestWaitPathUntilPublished(t *testing.T) {
 	}
 	got := make(chan res, 1)
 	go func() {
-		p, err := fx.d.WaitPath(fx.ctx(), "run2/a/b.dat")
+		p, err := fx.d.WaitPath(fx.ctx(), "run2/a/b.dat", 0)
 		var c []byte
 		if err == nil {
 			c, err = os.ReadFile(p)
@@ -236,18 +236,18 @@ func TestWaitPathUntilPublished(t *testing.T) {
 
 func TestWaitPathTimeoutInterruptShutdown(t *testing.T) {
 	fx := newFixture(t, func(c *Config) { c.WaitTimeout = 20 * time.Millisecond })
-	if _, err := fx.d.WaitPath(fx.ctx(), "never"); !errors.Is(err, ErrWaitTimeout) {
+	if _, err := fx.d.WaitPath(fx.ctx(), "never", 0); !errors.Is(err, ErrWaitTimeout) {
 		t.Fatalf("timeout: got %v", err)
 	}
 	fx2 := newFixture(t, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
-	go func() { _, err := fx2.d.WaitPath(ctx, "never"); errc <- err }()
+	go func() { _, err := fx2.d.WaitPath(ctx, "never", 0); errc <- err }()
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("interrupt: got %v", err)
 	}
-	go func() { _, err := fx2.d.WaitPath(context.Background(), "never"); errc <- err }()
+	go func() { _, err := fx2.d.WaitPath(context.Background(), "never", 0); errc <- err }()
 	fx2.d.Shutdown()
 	if err := <-errc; !errors.Is(err, ErrShutdown) {
 		t.Fatalf("shutdown: got %v", err)
@@ -261,7 +261,7 @@ func TestWaitPathTimeoutInterruptShutdown(t *testing.T) {
 func TestWaitPathOtherNodeWithoutTransport(t *testing.T) {
 	fx := newFixture(t, nil)
 	fx.d.loc.Publish(fx.ctx(), hfl.Record{Path: "remote", Owner: "n2", Size: 3})
-	if _, err := fx.d.WaitPath(fx.ctx(), "remote"); !errors.Is(err, ErrNoTransport) {
+	if _, err := fx.d.WaitPath(fx.ctx(), "remote", 0); !errors.Is(err, ErrNoTransport) {
 		t.Fatalf("got %v, want ErrNoTransport", err)
 	}
 }

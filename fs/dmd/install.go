@@ -52,6 +52,7 @@ func (d *DMD) Install(tmp *os.File, rec hfl.Record) error {
 	if err != nil {
 		return &os.LinkError{Op: "install", Old: tmp.Name(), New: rel, Err: err}
 	}
+	d.noteCopy(rel, copyInfo{owner: rec.Owner, gen: rec.Generation})
 	return nil
 }
 
@@ -78,10 +79,13 @@ func (d *DMD) dirBeneath(rel string, uid, gid uint32) (int, error) {
 		}
 		return cur
 	}
+	made := ""
 	for _, name := range strings.Split(rel, "/") {
+		made = path.Join(made, name)
 		err := unix.Mkdirat(at(), name, 0o755)
 		if err == nil {
 			unix.Fchownat(at(), name, int(uid), int(gid), unix.AT_SYMLINK_NOFOLLOW)
+			d.shadowMade(at(), name, made)
 		} else if !errors.Is(err, unix.EEXIST) {
 			d.closeIf(cur)
 			return -1, fmt.Errorf("make directory %s in %s: %w", name, rel, err)
@@ -94,6 +98,25 @@ func (d *DMD) dirBeneath(rel string, uid, gid uint32) (int, error) {
 		cur = next
 	}
 	return cur, nil
+}
+
+// shadowMade marks directory name, just made in dirfd at rel for a file
+// of another node, as the shadow of that node's directory: not this node's
+// to publish.
+func (d *DMD) shadowMade(dirfd int, name, rel string) {
+	if d.solo() {
+		return
+	}
+	d.noteCopy(rel, copyInfo{dir: true})
+	if !d.markers {
+		return
+	}
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	unix.Fsetxattr(fd, replicaXattr, []byte("@0"), 0)
 }
 
 func (d *DMD) closeIf(fd int) {

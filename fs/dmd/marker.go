@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -19,9 +20,54 @@ const markerXattr = "user.dyadfs.incomplete"
 // changes it here becomes its owner.
 const replicaXattr = "user.dyadfs.replica"
 
+// publishedXattr marks this node's own file or directory once its record
+// is in the store ("storeid@generation"): a restarted daemon that finds the
+// mark but no record (or another node's) knows the path was removed or
+// replaced elsewhere meanwhile, and does not bring it back; a mark of
+// another store (the embedded store of an earlier run) means nothing.
+const publishedXattr = "user.dyadfs.published"
+
 // IsInternalXattr reports whether name is one of dyadfs's own attributes,
 // which the mount neither shows nor lets users change.
-func IsInternalXattr(name string) bool { return name == markerXattr || name == replicaXattr }
+func IsInternalXattr(name string) bool {
+	return name == markerXattr || name == replicaXattr || name == publishedXattr
+}
+
+// markPublished notes on rel that it was published at generation gen.
+func (d *DMD) markPublished(rel string, gen uint64) {
+	if !d.markers || d.solo() || d.storeID == "" {
+		return
+	}
+	v := d.storeID + "@" + strconv.FormatUint(gen, 10)
+	if err := unix.Lsetxattr(d.BackingPath(rel), publishedXattr, []byte(v), 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		d.log.Debug("cannot mark a file as published", "path", rel, "err", err)
+	}
+}
+
+// publishedMark returns the store and generation rel's mark names.
+func publishedMark(path string) (store string, gen uint64, ok bool) {
+	return splitMark(path, publishedXattr)
+}
+
+// replicaMark returns the owner and generation a copy's mark names.
+func replicaMark(path string) (owner string, gen uint64, ok bool) {
+	return splitMark(path, replicaXattr)
+}
+
+func splitMark(path, attr string) (string, uint64, bool) {
+	buf := make([]byte, 512)
+	n, err := unix.Lgetxattr(path, attr, buf)
+	if err != nil {
+		return "", 0, false
+	}
+	v := string(buf[:n])
+	i := strings.LastIndexByte(v, '@')
+	if i < 0 {
+		return v, 0, true
+	}
+	gen, _ := strconv.ParseUint(v[i+1:], 10, 64)
+	return v[:i], gen, true
+}
 
 // MarkReplica marks f, fetched from rec's owner, as a replica. It is the
 // fetcher's last step before the file is renamed into place.

@@ -2,14 +2,19 @@ package dmd
 
 import (
 	"context"
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dyadfs/dyadfs/hfl"
 )
 
-// scanWorkers bounds the concurrent publishes of the start-up scan (they
+// scanWorkers bounds the concurrent store calls of the start-up scan (they
 // are round trips when the store is remote).
 const scanWorkers = 16
 
@@ -19,23 +24,48 @@ type ScanResult struct {
 	Incomplete int `json:"incomplete"`
 	// Dropped are copies fetched before an unclean stop, removed.
 	Dropped int `json:"dropped"`
+	// Removed are this node's files that were unlinked or replaced on
+	// another node while it was down; Superseded, those being rewritten
+	// elsewhere (kept, not shown, until the new version is published).
+	Removed    int `json:"removed"`
+	Superseded int `json:"superseded"`
 }
 
 // Scan walks the backing store once, before the filesystem serves requests.
-// Complete files are published again, so that a restarted daemon loses
-// nothing; copies fetched from other nodes are not (their owners publish
-// them). Files still carrying a crash marker were being written when the
-// previous daemon died: they stay unpublished and readers wait until they are
+//
+// On a node alone, complete files are published again, so that a
+// restarted daemon loses nothing. With other nodes, the store kept the
+// job's namespace meanwhile: this node's files are checked against it. A
+// file published from here and still this node's in the store stays as it
+// is; one never published (or published in a store that is gone) is
+// published; one whose path was removed or replaced elsewhere meanwhile
+// is removed (it does not come back), and one being rewritten elsewhere
+// is set aside. Copies of other nodes' files are kept (they are checked
+// against the namespace when opened); after an unclean stop they are
+// dropped, as they may not have reached the disk whole.
+//
+// Files still carrying a crash marker were being written when the previous
+// daemon died: they stay unpublished and readers wait until they are
 // written again. With shared storage every daemon sees the same files and
 // the store keeps their records, so nothing is republished.
 func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 	var res ScanResult
 	if d.cfg.SharedStorage {
-		// Other nodes write here too: what a file's record says is what
-		// counts, and the store keeps records.
 		return res, nil
 	}
+	if !d.solo() {
+		id, err := d.loc.StoreID(ctx)
+		if err != nil {
+			return res, err
+		}
+		d.storeID = id
+	}
 	var mu sync.Mutex
+	count := func(n *int) {
+		mu.Lock()
+		*n++
+		mu.Unlock()
+	}
 	work := make(chan string)
 	var wg sync.WaitGroup
 	for i := 0; i < scanWorkers; i++ {
@@ -43,20 +73,11 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 		go func() {
 			defer wg.Done()
 			for rel := range work {
-				st, ok := d.completeHere(rel)
-				if !ok || (!d.markers && d.copyOfOthers(ctx, rel, st)) {
-					continue
-				}
-				rec := recordOf(rel, d.cfg.Node, st)
-				if d.publish(ctx, rec) == nil {
-					mu.Lock()
-					res.Published++
-					mu.Unlock()
-				}
+				d.scanOwn(ctx, rel, &res, count)
 			}
 		}()
 	}
-
+	var dirs []string
 	err := filepath.WalkDir(d.cfg.Backing, func(p string, e fs.DirEntry, err error) error {
 		if err != nil {
 			d.log.Warn("scan: cannot read", "path", p, "err", err)
@@ -69,18 +90,36 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 		if e.IsDir() && rel == InternalDir {
 			return filepath.SkipDir
 		}
-		if !e.Type().IsRegular() {
+		rel = filepath.ToSlash(rel)
+		switch {
+		case e.IsDir():
+			if rel == "." {
+				return nil
+			}
+			if owner, gen, ok := replicaMark(p); d.markers && ok {
+				d.noteCopy(rel, copyInfo{owner: owner, gen: gen, dir: true})
+			} else if !d.solo() {
+				dirs = append(dirs, rel)
+			}
+			return nil
+		case e.Type()&fs.ModeSymlink != 0:
+			if !d.solo() {
+				d.Made(ctx, rel)
+			}
+			return nil
+		case !e.Type().IsRegular():
 			return nil
 		}
-		rel = filepath.ToSlash(rel)
-		if d.markers && isReplica(p) {
+		if owner, gen, ok := replicaMark(p); d.markers && ok {
 			// A copy fetched from its owner: the owner publishes it.
 			// After an unclean stop it may not have reached the disk
 			// whole: drop it, the next open fetches it again.
 			if d.uncleanStart {
 				os.Remove(p)
 				res.Dropped++
+				return nil
 			}
+			d.noteCopy(rel, copyInfo{owner: owner, gen: gen})
 			return nil
 		}
 		if d.markers && hasMarker(p) {
@@ -92,23 +131,76 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 			}
 			return nil
 		}
-		if !d.cfg.SharedStorage {
-			work <- rel
-		}
+		work <- rel
 		return nil
 	})
 	close(work)
 	wg.Wait()
+	// Directories last, deepest first: one removed elsewhere goes once
+	// its files have gone.
+	for i := len(dirs) - 1; i >= 0; i-- {
+		d.scanOwnDir(ctx, dirs[i], &res)
+	}
 	d.stats.scanPublished.Add(uint64(res.Published))
 	d.stats.scanIncomplete.Add(uint64(res.Incomplete))
 	return res, err
 }
 
-// copyOfOthers tells, without replica marks, a copy of another node's file:
-// the store's record of rel names another owner and describes the file.
-func (d *DMD) copyOfOthers(ctx context.Context, rel string, st *syscall.Stat_t) bool {
+// scanOwn checks one of this node's files at start (see Scan).
+func (d *DMD) scanOwn(ctx context.Context, rel string, res *ScanResult, count func(*int)) {
+	st, ok := d.completeHere(rel)
+	if !ok {
+		return
+	}
+	if d.solo() {
+		if d.publish(ctx, recordOf(rel, d.cfg.Node, st)) == nil {
+			count(&res.Published)
+		}
+		return
+	}
 	rec, err := d.loc.Published(ctx, rel)
-	return err == nil && rec.Owner != d.cfg.Node && rec.Size == st.Size && rec.MtimeNs == st.Mtim.Nano()
+	store, _, marked := publishedMark(d.BackingPath(rel))
+	marked = marked && store == d.storeID
+	switch {
+	case errors.Is(err, hfl.ErrNotFound) && marked:
+		d.log.Info("file was removed on another node while this one was down; removing it here", "path", rel)
+		d.removeBeneath(rel, false)
+		count(&res.Removed)
+		return
+	case err == nil && rec.Owner != d.cfg.Node && !d.markers && rec.Size == st.Size && rec.MtimeNs == st.Mtim.Nano():
+		// Without marks, a copy is told by the store's record.
+		d.noteCopy(rel, copyInfo{owner: rec.Owner, gen: rec.Generation})
+		return
+	case err == nil && rec.Owner != d.cfg.Node:
+		d.supersede(rel, rec)
+		if rec.Writing {
+			count(&res.Superseded)
+		} else {
+			count(&res.Removed)
+		}
+		return
+	case err == nil && !rec.Writing && rec.Size == st.Size && rec.MtimeNs == st.Mtim.Nano() && rec.Mode == st.Mode:
+		return // published as it is
+	}
+	if d.publish(ctx, recordOf(rel, d.cfg.Node, st)) == nil {
+		count(&res.Published)
+	}
+}
+
+// scanOwnDir checks one of this node's directories at start: published if
+// it is not, removed (if empty) if it was removed elsewhere meanwhile.
+func (d *DMD) scanOwnDir(ctx context.Context, rel string, res *ScanResult) {
+	_, err := d.loc.Published(ctx, rel)
+	store, _, marked := publishedMark(d.BackingPath(rel))
+	switch {
+	case errors.Is(err, hfl.ErrNotFound) && marked && store == d.storeID:
+		if unix.Rmdir(d.BackingPath(rel)) == nil {
+			d.log.Info("directory was removed on another node while this one was down; removed here", "path", rel)
+			res.Removed++
+		}
+	case errors.Is(err, hfl.ErrNotFound):
+		d.Made(ctx, rel)
+	}
 }
 
 // holdIncomplete makes readers of id wait until it is written again.

@@ -104,7 +104,7 @@ func TestServeNewerGenerationThanCached(t *testing.T) {
 	// Another publish of the same file reaches the store without passing
 	// through this node's cache (as a consumer can see it first).
 	st, _ := os.Stat(filepath.Join(fx.dir, "s.dat"))
-	newer, err := fx.store.Publish(fx.ctx(), fx.d.loc.Key("s.dat"), hfl.Record{Path: "s.dat", Owner: "n1", Size: st.Size(), Mode: 0o100644, MtimeNs: st.ModTime().UnixNano()})
+	newer, err := fx.store.Publish(fx.ctx(), fx.d.loc.Slot("s.dat"), hfl.Record{Path: "s.dat", Owner: "n1", Size: st.Size(), Mode: 0o100644, MtimeNs: st.ModTime().UnixNano()})
 	if err != nil || newer.Generation <= first.Generation {
 		t.Fatal(err)
 	}
@@ -152,16 +152,16 @@ type flakyStore struct {
 	down atomic.Bool
 }
 
-func (f *flakyStore) Publish(ctx context.Context, key string, rec hfl.Record) (hfl.Record, error) {
+func (f *flakyStore) Publish(ctx context.Context, key hfl.Slot, rec hfl.Record) (hfl.Record, error) {
 	if f.down.Load() {
 		return hfl.Record{}, errors.New("store down")
 	}
 	return f.Store.Publish(ctx, key, rec)
 }
 
-func (f *flakyStore) Remove(ctx context.Context, key, owner string) error {
+func (f *flakyStore) Remove(ctx context.Context, key hfl.Slot, owner hfl.RemoveCond) (uint64, error) {
 	if f.down.Load() {
-		return errors.New("store down")
+		return 0, errors.New("store down")
 	}
 	return f.Store.Remove(ctx, key, owner)
 }

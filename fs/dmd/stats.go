@@ -22,6 +22,10 @@ type counters struct {
 	serves         atomic.Uint64
 	scanPublished  atomic.Uint64
 	scanIncomplete atomic.Uint64
+	staleCopies    atomic.Uint64
+	replaced       atomic.Uint64
+	claims         atomic.Uint64
+	claimErrors    atomic.Uint64
 }
 
 func (c *counters) waited(d time.Duration) {
@@ -53,8 +57,20 @@ type Stats struct {
 	Serves         uint64  `json:"serves"`
 	ScanPublished  uint64  `json:"scan_published"`
 	ScanIncomplete uint64  `json:"scan_incomplete"`
-	BusyFiles      int     `json:"busy_files"`
-	Waiting        int     `json:"waiting_paths"`
+	// StaleCopies counts copies dropped because a newer version was
+	// published; Replaced, this node's files replaced by another node's
+	// publish (the last publish wins); Claims, rewrites of published files
+	// told to the job before their writer's close returned.
+	StaleCopies uint64 `json:"stale_copies_dropped"`
+	Replaced    uint64 `json:"replaced_by_other_nodes"`
+	Claims      uint64 `json:"rewrites_claimed"`
+	ClaimErrors uint64 `json:"rewrite_claim_errors"`
+	// Copies and Superseded count what the backing directory holds of
+	// other nodes' files, and this node's files set aside.
+	Copies     int `json:"copies"`
+	Superseded int `json:"set_aside"`
+	BusyFiles  int `json:"busy_files"`
+	Waiting    int `json:"waiting_paths"`
 	// PendingPublishes are files whose publish failed and is retried.
 	PendingPublishes int `json:"pending_publishes"`
 }
@@ -63,6 +79,7 @@ type Stats struct {
 func (d *DMD) Stats() Stats {
 	d.mu.Lock()
 	busy, waiting, pending := len(d.busy), len(d.watches), len(d.retries)
+	copies, superseded := len(d.copies), len(d.superseded)
 	d.mu.Unlock()
 	c := &d.stats
 	return Stats{
@@ -82,6 +99,12 @@ func (d *DMD) Stats() Stats {
 		Serves:           c.serves.Load(),
 		ScanPublished:    c.scanPublished.Load(),
 		ScanIncomplete:   c.scanIncomplete.Load(),
+		StaleCopies:      c.staleCopies.Load(),
+		Replaced:         c.replaced.Load(),
+		Claims:           c.claims.Load(),
+		ClaimErrors:      c.claimErrors.Load(),
+		Copies:           copies,
+		Superseded:       superseded,
 		BusyFiles:        busy,
 		Waiting:          waiting,
 		PendingPublishes: pending,

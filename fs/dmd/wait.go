@@ -39,9 +39,10 @@ func (d *DMD) completeHere(rel string) (*syscall.Stat_t, bool) {
 }
 
 // LocalRecord implements hfl.LocalIndex: it returns the record of rel if the
-// file is complete here. With shared storage, where other nodes write into
-// the same directory unseen, a file is complete only once a published
-// record describes it as it is.
+// file is complete here, and what the namespace has at rel (a copy of an
+// older version, or this node's file replaced elsewhere, is not). With
+// shared storage, where other nodes write into the same directory unseen,
+// a file is complete only once a published record describes it as it is.
 func (d *DMD) LocalRecord(ctx context.Context, rel string) (hfl.Record, bool) {
 	st, ok := d.completeHere(rel)
 	if !ok {
@@ -54,7 +55,14 @@ func (d *DMD) LocalRecord(ctx context.Context, rel string) (hfl.Record, bool) {
 		}
 		return pub, true
 	}
-	return recordOf(rel, d.cfg.Node, st), true
+	if !d.currentHere(ctx, rel, st) {
+		return hfl.Record{}, false
+	}
+	rec := recordOf(rel, d.cfg.Node, st)
+	if c, ok := d.copyOf(rel); ok {
+		rec.Owner, rec.Generation = c.owner, c.gen
+	}
+	return rec, true
 }
 
 // notRegularHere fails when something other than a regular file is at rel:
@@ -78,9 +86,11 @@ func (d *DMD) existsHere(rel string) bool {
 }
 
 // WaitPath blocks until the file rel is complete in the backing store and
-// returns its backing path. A file published by another node is fetched.
-// The wait ends with ErrWaitTimeout, ErrShutdown, or ctx's error.
-func (d *DMD) WaitPath(ctx context.Context, rel string) (string, error) {
+// is the namespace's current version, and returns its backing path. A file
+// published by another node is fetched. The wait, of thread tid (0: not a
+// request), is listed while it lasts; it ends with ErrWaitTimeout,
+// ErrShutdown, or ctx's error.
+func (d *DMD) WaitPath(ctx context.Context, rel string, tid uint32) (string, error) {
 	if _, ok := d.LocalRecord(ctx, rel); ok {
 		return d.BackingPath(rel), nil
 	}
@@ -89,6 +99,9 @@ func (d *DMD) WaitPath(ctx context.Context, rel string) (string, error) {
 	start := time.Now()
 	d.stats.opensWaited.Add(1)
 	defer func() { d.stats.waited(time.Since(start)) }()
+	done, waitFor := d.startWait(rel, tid, "publish")
+	defer done()
+	ctx = context.WithValue(ctx, waitForKey{}, waitFor)
 
 	// A record that arrived with a notice: sent ahead of its publish, or
 	// carrying the file's bytes.
@@ -134,6 +147,32 @@ func (d *DMD) WaitPath(ctx context.Context, rel string) (string, error) {
 // show yet is looked at again.
 const sharedRecheck = 100 * time.Millisecond
 
+// waitForKey carries, in a wait's context, the function that says what the
+// wait is waiting for now.
+type waitForKey struct{}
+
+// clearForFetch reports whether a fetched file may be installed at rel:
+// nothing is there, or only what the namespace replaced (a copy of an
+// older version, this node's file replaced elsewhere), which is removed.
+// Something being written here or of another kind is left alone.
+func (d *DMD) clearForFetch(ctx context.Context, rel string) bool {
+	var st syscall.Stat_t
+	if syscall.Lstat(d.BackingPath(rel), &st) != nil {
+		return true
+	}
+	if d.solo() || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return false
+	}
+	d.mu.Lock()
+	busy := d.busy[IDOf(&st)] != nil || d.creating[rel] > 0
+	d.mu.Unlock()
+	if busy || d.currentHere(ctx, rel, &st) {
+		return false
+	}
+	d.removeBeneath(rel, false)
+	return !d.existsHere(rel)
+}
+
 // locateOnce looks for rel through the locator. It returns the backing path
 // when the file is complete here (fetching it if it is complete elsewhere),
 // or the generation to wait past. With takeAhead, the locator may find a
@@ -168,17 +207,23 @@ func (d *DMD) locateOnce(ctx context.Context, rel string, takeAhead bool) (path 
 // its publish), describes it. It returns the backing path when the file is
 // complete here, or the generation to wait past.
 func (d *DMD) fetchLocated(ctx context.Context, rel string, rec hfl.Record) (path string, after uint64, err error) {
-	if rec.Owner == d.cfg.Node || d.cfg.SharedStorage || d.existsHere(rel) {
-		// Published from this backing store (or visible in it) but not
-		// complete here: being written, rewritten or removed. Wait for
-		// the local writer or a newer publish rather than fetch over it.
+	if rec.Writing || rec.Owner == d.cfg.Node || d.cfg.SharedStorage || !d.clearForFetch(ctx, rel) {
+		// Being rewritten (here or elsewhere), published from this
+		// backing store but not complete here, or being written here:
+		// wait for the writer or a newer publish rather than fetch over
+		// it.
 		return "", rec.Generation, nil
 	}
 	if d.fetcher == nil {
 		return "", 0, fmt.Errorf("%s published by node %s: %w", rel, rec.Owner, ErrNoTransport)
 	}
+	d.loc.Hold(ctx, rel) // the copy must hear of changes
 	d.stats.fetches.Add(1)
 	start := time.Now()
+	if f, ok := ctx.Value(waitForKey{}).(func(string)); ok {
+		f("fetch")
+		defer f("publish")
+	}
 	err = d.fetcher.Fetch(ctx, rec)
 	switch {
 	case err == nil:

@@ -193,9 +193,17 @@ func (w *Writer) End(ctx context.Context, fd int, rel string) error {
 		}
 		d.stats.fsyncs.Add(1)
 	}
-	if changed && d.markers {
+	if changed {
 		// Changed here, a fetched copy is this node's own file now.
-		clearReplica(fd)
+		if d.markers {
+			clearReplica(fd)
+		}
+		d.mu.Lock()
+		for name := range ws.names {
+			delete(d.copies, name)
+			delete(d.superseded, name)
+		}
+		d.mu.Unlock()
 	}
 	var inline *hfl.Inline
 	if changed {
@@ -218,9 +226,26 @@ func (w *Writer) End(ctx context.Context, fd int, rel string) error {
 	names := make([]string, 0, len(ws.names))
 	for name := range ws.names {
 		names = append(names, name)
+		if changed {
+			// Readers are let in now; its publish follows. Until it
+			// is done, a change told from elsewhere does not remove
+			// it (the publish is the newer one, or loses later).
+			d.releasing[name]++
+		}
 	}
 	d.finishLocked(w.id, ws)
 	d.mu.Unlock()
+	if changed {
+		defer func() {
+			d.mu.Lock()
+			for _, name := range names {
+				if d.releasing[name]--; d.releasing[name] <= 0 {
+					delete(d.releasing, name)
+				}
+			}
+			d.mu.Unlock()
+		}()
+	}
 
 	if st.Nlink == 0 {
 		return nil // unlinked while open: nothing to publish
@@ -238,7 +263,7 @@ func (w *Writer) End(ctx context.Context, fd int, rel string) error {
 			// name while it was published, and the rename's
 			// unpublish may have come before this publish landed.
 			if !d.names(name, w.id) {
-				d.unpublish(ctx, name)
+				d.withdraw(ctx, name)
 				if d.existsHere(name) {
 					d.Changed(ctx, name) // what took the name
 				}
@@ -270,7 +295,7 @@ func (d *DMD) inlineOf(fd int, st *syscall.Stat_t) *hfl.Inline {
 	if (err != nil && !errors.Is(err, io.EOF)) || int64(n) != st.Size || syscall.Fstat(fd, &after) != nil || stampOf(&after) != stampOf(st) {
 		return nil // a transfer will bring what is published
 	}
-	return &hfl.Inline{Data: buf, Uid: st.Uid, Gid: st.Gid}
+	return &hfl.Inline{Data: buf}
 }
 
 // keepIncomplete leaves a file whose last writer failed busy and marked:
@@ -304,10 +329,10 @@ func (d *DMD) noteName(rel string) {
 	d.mu.Unlock()
 }
 
-// WaitComplete blocks while file id is being written, unless the calling
-// thread's process holds one of its write handles: a process never waits for
-// itself.
-func (d *DMD) WaitComplete(ctx context.Context, id FileID, tid uint32) error {
+// WaitComplete blocks while file id, at rel, is being written, unless the
+// calling thread's process holds one of its write handles: a process never
+// waits for itself.
+func (d *DMD) WaitComplete(ctx context.Context, id FileID, rel string, tid uint32) error {
 	d.mu.Lock()
 	ws := d.busy[id]
 	d.mu.Unlock()
@@ -327,6 +352,8 @@ func (d *DMD) WaitComplete(ctx context.Context, id FileID, tid uint32) error {
 	start := time.Now()
 	d.stats.opensWaited.Add(1)
 	defer func() { d.stats.waited(time.Since(start)) }()
+	done, _ := d.startWait(rel, tid, "writer")
+	defer done()
 	for {
 		d.mu.Lock()
 		ws := d.busy[id]
@@ -350,18 +377,48 @@ func recordOf(rel, owner string, st *syscall.Stat_t) hfl.Record {
 		Owner:   owner,
 		Size:    st.Size,
 		Mode:    st.Mode,
+		Uid:     st.Uid,
+		Gid:     st.Gid,
 		MtimeNs: st.Mtim.Nano(),
 	}
 }
 
-// publish records rec in the store. A failed publish (the store is
-// unreachable) is queued and retried until it lands or the file changes.
+// Changed reports whether the file, open as fd, differs from what it was
+// when its first writer opened it (or was created by one).
+func (w *Writer) Changed(fd int) bool {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return true
+	}
+	d := w.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return w.ws.dirty || w.ws.incomplete || !w.ws.haveBefore || stampOf(&st) != w.ws.before
+}
+
+// publish records rec in the store; the nodes that hold the path hear of
+// it soon. A failed publish (the store is unreachable) is queued and
+// retried until it lands or the file changes.
 func (d *DMD) publish(ctx context.Context, rec hfl.Record) error {
+	return d.publishWith(ctx, rec, d.loc.Publish)
+}
+
+// publishNow is publish, returning once every node that holds the path
+// heard of it (a rename, a link, a chmod: a change of names or attributes
+// is seen everywhere once the call returns).
+func (d *DMD) publishNow(ctx context.Context, rec hfl.Record) error {
+	if d.solo() {
+		return d.publish(ctx, rec)
+	}
+	return d.publishWith(ctx, rec, d.loc.PublishSync)
+}
+
+func (d *DMD) publishWith(ctx context.Context, rec hfl.Record, publish func(context.Context, hfl.Record) (hfl.Record, error)) error {
 	start := time.Now()
 	d.mu.Lock()
 	d.publishing[rec.Path] = rec
 	d.mu.Unlock()
-	out, err := d.loc.Publish(ctx, rec)
+	out, err := publish(ctx, rec)
 	d.mu.Lock()
 	if d.publishing[rec.Path] == rec {
 		delete(d.publishing, rec.Path)
@@ -370,10 +427,11 @@ func (d *DMD) publish(ctx context.Context, rec hfl.Record) error {
 	if err != nil {
 		d.stats.publishErrors.Add(1)
 		d.log.Error("publish failed; will retry", "path", rec.Path, "err", err)
-		d.retryLater(rec.Path)
+		d.retryLater(rec.Path, retryPublish)
 		return err
 	}
 	d.stats.publishes.Add(1)
+	d.markPublished(rec.Path, out.Generation)
 	d.log.Debug("published", "path", rec.Path, "gen", out.Generation, "took", time.Since(start))
 	return nil
 }

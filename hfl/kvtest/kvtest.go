@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
 	"sync"
 	"testing"
 	"time"
@@ -45,6 +46,10 @@ func Run(t *testing.T, newStore Factory) {
 		{"PutIfAbsentFirstWins", putIfAbsentFirstWins},
 		{"ListByPrefix", listByPrefix},
 		{"CloseEndsWaits", closeEndsWaits},
+		{"ListDir", listDir},
+		{"ListDirPages", listDirPages},
+		{"ListDirFollowsRemove", listDirFollowsRemove},
+		{"RecordFields", recordFields},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -62,7 +67,18 @@ func ctxFor(t *testing.T) context.Context {
 }
 
 func rec(path, owner string, size int64) hfl.Record {
-	return hfl.Record{Path: path, Owner: owner, Size: size, Mode: 0o100644, MtimeNs: 1700000000123456789}
+	return hfl.Record{Path: path, Owner: owner, Size: size, Mode: 0o100644, Uid: 1000, Gid: 100, MtimeNs: 1700000000123456789}
+}
+
+// slotOf is the slot of a record of the suite: under key, and in the index
+// of the record's directory (apart from other suites' directories).
+func slotOf(key string, r hfl.Record) hfl.Slot {
+	return hfl.Slot{Key: key, Dir: "kvtest/" + path.Dir(r.Path), Name: path.Base(r.Path)}
+}
+
+// publish publishes r under key in its slot.
+func publish(ctx context.Context, s hfl.Store, key string, r hfl.Record) (hfl.Record, error) {
+	return s.Publish(ctx, slotOf(key, r), r)
 }
 
 func lookupMissing(t *testing.T, s hfl.Store) {
@@ -75,7 +91,7 @@ func lookupMissing(t *testing.T, s hfl.Store) {
 func publishLookup(t *testing.T, s hfl.Store) {
 	ctx := ctxFor(t)
 	in := rec("run1/step7.dat", "nodeA", 4096)
-	out, err := s.Publish(ctx, "kvtest/a", in)
+	out, err := publish(ctx, s, "kvtest/a", in)
 	if err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
@@ -96,7 +112,7 @@ func generationsGrow(t *testing.T, s hfl.Store) {
 	ctx := ctxFor(t)
 	var last uint64
 	for i := 0; i < 5; i++ {
-		out, err := s.Publish(ctx, "kvtest/g", rec("g", "nodeA", int64(i)))
+		out, err := publish(ctx, s, "kvtest/g", rec("g", "nodeA", int64(i)))
 		if err != nil {
 			t.Fatalf("Publish %d: %v", i, err)
 		}
@@ -113,7 +129,7 @@ func generationsGrow(t *testing.T, s hfl.Store) {
 
 func waitExisting(t *testing.T, s hfl.Store) {
 	ctx := ctxFor(t)
-	out, err := s.Publish(ctx, "kvtest/w", rec("w", "nodeA", 1))
+	out, err := publish(ctx, s, "kvtest/w", rec("w", "nodeA", 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +150,7 @@ func waitForPublish(t *testing.T, s hfl.Store) {
 		r, err := s.Wait(ctx, "kvtest/later", 0)
 		done <- result{r, err}
 	}()
-	out, err := s.Publish(ctx, "kvtest/later", rec("later", "nodeB", 7))
+	out, err := publish(ctx, s, "kvtest/later", rec("later", "nodeB", 7))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +162,7 @@ func waitForPublish(t *testing.T, s hfl.Store) {
 
 func waitNewer(t *testing.T, s hfl.Store) {
 	ctx := ctxFor(t)
-	first, err := s.Publish(ctx, "kvtest/n", rec("n", "nodeA", 1))
+	first, err := publish(ctx, s, "kvtest/n", rec("n", "nodeA", 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +176,7 @@ func waitNewer(t *testing.T, s hfl.Store) {
 		}
 		done <- r
 	}()
-	second, err := s.Publish(ctx, "kvtest/n", rec("n", "nodeA", 2))
+	second, err := publish(ctx, s, "kvtest/n", rec("n", "nodeA", 2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,25 +214,35 @@ func waitDeadline(t *testing.T, s hfl.Store) {
 
 func removeByOwner(t *testing.T, s hfl.Store) {
 	ctx := ctxFor(t)
-	if _, err := s.Publish(ctx, "kvtest/r", rec("r", "nodeA", 1)); err != nil {
+	r := rec("r", "nodeA", 1)
+	pub, err := publish(ctx, s, "kvtest/r", r)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Remove(ctx, "kvtest/r", "nodeB"); err != nil {
-		t.Fatalf("Remove by another owner: %v", err)
+	if _, err := s.Remove(ctx, slotOf("kvtest/r", r), hfl.RemoveCond{Owner: "nodeB"}); !errors.Is(err, hfl.ErrConflict) {
+		t.Fatalf("Remove by another owner: got %v, want ErrConflict", err)
 	}
 	if _, err := s.Lookup(ctx, "kvtest/r"); err != nil {
 		t.Fatalf("record gone after Remove by another owner: %v", err)
 	}
-	if err := s.Remove(ctx, "kvtest/r", "nodeA"); err != nil {
+	if _, err := s.Remove(ctx, slotOf("kvtest/r", r), hfl.RemoveCond{MaxGeneration: pub.Generation - 1}); !errors.Is(err, hfl.ErrConflict) {
+		t.Fatalf("Remove of an older generation: got %v, want ErrConflict", err)
+	}
+	at, err := s.Remove(ctx, slotOf("kvtest/r", r), hfl.RemoveCond{Owner: "nodeA", MaxGeneration: pub.Generation})
+	if err != nil {
 		t.Fatalf("Remove by owner: %v", err)
+	}
+	if at <= pub.Generation {
+		t.Fatalf("Remove at generation %d, not above the record's %d", at, pub.Generation)
 	}
 	if _, err := s.Lookup(ctx, "kvtest/r"); !errors.Is(err, hfl.ErrNotFound) {
 		t.Fatalf("Lookup after Remove: got %v, want ErrNotFound", err)
 	}
-	if _, err := s.Publish(ctx, "kvtest/r2", rec("r2", "nodeA", 1)); err != nil {
+	r2 := rec("r2", "nodeA", 1)
+	if _, err := publish(ctx, s, "kvtest/r2", r2); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Remove(ctx, "kvtest/r2", ""); err != nil {
+	if _, err := s.Remove(ctx, slotOf("kvtest/r2", r2), hfl.RemoveCond{}); err != nil {
 		t.Fatalf("Remove with any owner: %v", err)
 	}
 	if _, err := s.Lookup(ctx, "kvtest/r2"); !errors.Is(err, hfl.ErrNotFound) {
@@ -225,21 +251,21 @@ func removeByOwner(t *testing.T, s hfl.Store) {
 }
 
 func removeMissing(t *testing.T, s hfl.Store) {
-	if err := s.Remove(ctxFor(t), "kvtest/none", ""); !errors.Is(err, hfl.ErrNotFound) {
+	if _, err := s.Remove(ctxFor(t), slotOf("kvtest/none", rec("none", "", 0)), hfl.RemoveCond{}); !errors.Is(err, hfl.ErrNotFound) {
 		t.Fatalf("Remove of a missing key: got %v, want ErrNotFound", err)
 	}
 }
 
 func generationNotReused(t *testing.T, s hfl.Store) {
 	ctx := ctxFor(t)
-	first, err := s.Publish(ctx, "kvtest/re", rec("re", "nodeA", 1))
+	first, err := publish(ctx, s, "kvtest/re", rec("re", "nodeA", 1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Remove(ctx, "kvtest/re", ""); err != nil {
+	if _, err := s.Remove(ctx, slotOf("kvtest/re", rec("re", "", 0)), hfl.RemoveCond{}); err != nil {
 		t.Fatal(err)
 	}
-	second, err := s.Publish(ctx, "kvtest/re", rec("re", "nodeA", 2))
+	second, err := publish(ctx, s, "kvtest/re", rec("re", "nodeA", 2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +283,7 @@ func oddKeys(t *testing.T, s hfl.Store) {
 	ctx := ctxFor(t)
 	keys := []string{"kvtest/with space", "kvtest/ünïcödé/ファイル", "kvtest/a.b.c/d", "kvtest/x%2F..y"}
 	for i, k := range keys {
-		if _, err := s.Publish(ctx, k, rec(fmt.Sprint(i), "nodeA", int64(i))); err != nil {
+		if _, err := publish(ctx, s, k, rec(fmt.Sprint(i), "nodeA", int64(i))); err != nil {
 			t.Fatalf("Publish %q: %v", k, err)
 		}
 	}
@@ -292,7 +318,7 @@ func manyWaiters(t *testing.T, s hfl.Store) {
 	}
 	for k := 0; k < keys; k++ {
 		key := fmt.Sprintf("kvtest/many/%d", k)
-		if _, err := s.Publish(ctx, key, rec(key, "nodeA", 1)); err != nil {
+		if _, err := publish(ctx, s, key, rec(key, "nodeA", 1)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -444,7 +470,7 @@ func listByPrefix(t *testing.T, s hfl.Store) {
 	if _, err := s.PutIfAbsent(ctx, "kvtest/listx", []byte("other")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Publish(ctx, "kvtest/list/rec", rec("r", "n", 1)); err != nil {
+	if _, err := publish(ctx, s, "kvtest/list/rec", rec("r", "n", 1)); err != nil {
 		t.Fatal(err)
 	}
 	got, err = s.List(ctx, "kvtest/list/")
@@ -458,5 +484,133 @@ func listByPrefix(t *testing.T, s hfl.Store) {
 		if string(got[k]) != v {
 			t.Errorf("List[%q] = %q, want %q", k, got[k], v)
 		}
+	}
+}
+
+// dirSlot places name in directory dir of the suite, under its own key.
+func dirSlot(dir, name string) hfl.Slot {
+	return hfl.Slot{Key: "kvtest/k/" + dir + "/" + name, Dir: "kvtest/" + dir, Name: name}
+}
+
+func names(recs []hfl.Record) []string {
+	var out []string
+	for _, r := range recs {
+		out = append(out, path.Base(r.Path))
+	}
+	return out
+}
+
+func listDir(t *testing.T, s hfl.Store) {
+	ctx := ctxFor(t)
+	// A directory, its subdirectory, and a sibling whose name extends it:
+	// each index holds its own entries only.
+	put := func(dir, name string, size int64) hfl.Record {
+		t.Helper()
+		out, err := s.Publish(ctx, dirSlot(dir, name), rec(dir+"/"+name, "nodeA", size))
+		if err != nil {
+			t.Fatalf("Publish %s/%s: %v", dir, name, err)
+		}
+		return out
+	}
+	put("d", "b", 1)
+	c := put("d", "c", 2)
+	put("d", "a", 3)
+	put("d/sub", "x", 4)
+	put("dx", "y", 5)
+	put("d", "c", 6) // published again: one entry, the newer record
+	got, err := s.ListDir(ctx, "kvtest/d", "", 0)
+	if err != nil {
+		t.Fatalf("ListDir: %v", err)
+	}
+	if fmt.Sprint(names(got)) != "[a b c]" {
+		t.Fatalf("ListDir(d) = %v, want [a b c]", names(got))
+	}
+	if got[2].Size != 6 || got[2].Generation <= c.Generation {
+		t.Fatalf("ListDir(d)[c] = %+v, want the second publish (size 6, generation above %d)", got[2], c.Generation)
+	}
+	lookup, err := s.Lookup(ctx, dirSlot("d", "c").Key)
+	if err != nil || lookup != got[2] {
+		t.Fatalf("Lookup of c = %+v, %v; ListDir has %+v: they must agree", lookup, err, got[2])
+	}
+	for dir, want := range map[string]string{"kvtest/d/sub": "[x]", "kvtest/dx": "[y]", "kvtest/none": "[]"} {
+		got, err := s.ListDir(ctx, dir, "", 0)
+		if err != nil || fmt.Sprint(names(got)) != want {
+			t.Fatalf("ListDir(%s) = %v, %v; want %s", dir, names(got), err, want)
+		}
+	}
+}
+
+func listDirPages(t *testing.T, s hfl.Store) {
+	ctx := ctxFor(t)
+	const n = 25
+	var want []string
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("f%03d", i)
+		want = append(want, name)
+		if _, err := s.Publish(ctx, dirSlot("pages", name), rec("pages/"+name, "nodeA", int64(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	after := ""
+	for pages := 0; ; pages++ {
+		page, err := s.ListDir(ctx, "kvtest/pages", after, 10)
+		if err != nil {
+			t.Fatalf("ListDir after %q: %v", after, err)
+		}
+		got = append(got, names(page)...)
+		if len(page) < 10 {
+			if pages != 2 {
+				t.Fatalf("%d entries came in %d pages of 10, want 3", n, pages+1)
+			}
+			break
+		}
+		after = path.Base(page[len(page)-1].Path)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("paged listing = %v, want %v", got, want)
+	}
+}
+
+func listDirFollowsRemove(t *testing.T, s hfl.Store) {
+	ctx := ctxFor(t)
+	for _, name := range []string{"a", "b"} {
+		if _, err := s.Publish(ctx, dirSlot("rm", name), rec("rm/"+name, "nodeA", 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Remove(ctx, dirSlot("rm", "a"), hfl.RemoveCond{Owner: "nodeB"}); !errors.Is(err, hfl.ErrConflict) {
+		t.Fatalf("Remove by another owner: got %v, want ErrConflict", err)
+	}
+	if _, err := s.Remove(ctx, dirSlot("rm", "a"), hfl.RemoveCond{}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.ListDir(ctx, "kvtest/rm", "", 0)
+	if err != nil || fmt.Sprint(names(got)) != "[b]" {
+		t.Fatalf("ListDir after Remove = %v, %v; want [b]", names(got), err)
+	}
+}
+
+func recordFields(t *testing.T, s hfl.Store) {
+	ctx := ctxFor(t)
+	in := []hfl.Record{
+		{Path: "f/dir", Owner: "nodeA", Mode: 0o40755, Uid: 7, Gid: 8, MtimeNs: 1},
+		{Path: "f/link", Owner: "nodeA", Mode: 0o120777, Size: 6, Target: "../tgt", MtimeNs: 2},
+		{Path: "f/file", Owner: "nodeB", Mode: 0o100600, Size: 9, Uid: 1001, Gid: 1002, MtimeNs: 3, Writing: true},
+	}
+	for _, r := range in {
+		out, err := s.Publish(ctx, dirSlot("f", path.Base(r.Path)), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Generation = out.Generation
+		got, err := s.Lookup(ctx, dirSlot("f", path.Base(r.Path)).Key)
+		if err != nil || got != r {
+			t.Fatalf("Lookup = %+v, %v; want %+v", got, err, r)
+		}
+	}
+	got, err := s.ListDir(ctx, "kvtest/f", "", 0)
+	if err != nil || len(got) != 3 || !got[0].IsDir() || !got[2].IsSymlink() || !got[1].IsRegular() || !got[1].Writing {
+		t.Fatalf("ListDir = %+v, %v; want dir, file (writing), link", got, err)
 	}
 }

@@ -1,0 +1,95 @@
+package dmd
+
+import (
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/dyadfs/dyadfs/fs/caller"
+)
+
+// Every open that waits is listed, so that a hang can be seen (dyadfs
+// status lists them) and its cause found; one that lasts longer than
+// Config.WaitLogAfter is logged, with the same details.
+
+// Waiter is an open that waits, as the status shows it.
+type Waiter struct {
+	Path    string `json:"path"`
+	Pid     uint32 `json:"pid"`
+	Command string `json:"command"`
+	// For says what it waits for: "publish" (the path is published nowhere
+	// yet, or is being rewritten elsewhere), "writer" (a writer on this
+	// node has the file open), "fetch" (the file is on its way here).
+	For     string  `json:"for"`
+	Seconds float64 `json:"waited_seconds"`
+}
+
+type waiters struct {
+	mu   sync.Mutex
+	next uint64
+	m    map[uint64]*waiting
+}
+
+type waiting struct {
+	w     Waiter
+	since time.Time
+	timer *time.Timer
+}
+
+// startWait lists a wait for rel by thread tid (0: not a request) and
+// returns the function that ends it, and the one that says what it waits
+// for now.
+func (d *DMD) startWait(rel string, tid uint32, what string) (done func(), now func(string)) {
+	ws := &d.waiters
+	w := &waiting{w: Waiter{Path: rel, For: what}, since: time.Now()}
+	if tid != 0 {
+		w.w.Pid = processOf(tid)
+		w.w.Command = caller.Comm(tid)
+	}
+	ws.mu.Lock()
+	if ws.m == nil {
+		ws.m = make(map[uint64]*waiting)
+	}
+	ws.next++
+	id := ws.next
+	ws.m[id] = w
+	ws.mu.Unlock()
+	after := d.cfg.WaitLogAfter
+	if after <= 0 {
+		after = 10 * time.Second
+	}
+	w.timer = time.AfterFunc(after, func() {
+		ws.mu.Lock()
+		info := w.w
+		ws.mu.Unlock()
+		d.log.Warn("an open has been waiting long", "path", info.Path, "pid", info.Pid, "command", info.Command,
+			"for", info.For, "waited", time.Since(w.since).Round(time.Second))
+	})
+	done = func() {
+		w.timer.Stop()
+		ws.mu.Lock()
+		delete(ws.m, id)
+		ws.mu.Unlock()
+	}
+	now = func(what string) {
+		ws.mu.Lock()
+		w.w.For = what
+		ws.mu.Unlock()
+	}
+	return done, now
+}
+
+// Waiters lists the opens that wait now, longest first.
+func (d *DMD) Waiters() []Waiter {
+	ws := &d.waiters
+	ws.mu.Lock()
+	out := make([]Waiter, 0, len(ws.m))
+	for _, w := range ws.m {
+		info := w.w
+		info.Seconds = time.Since(w.since).Seconds()
+		out = append(out, info)
+	}
+	ws.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Seconds > out[j].Seconds })
+	return out
+}

@@ -1,0 +1,255 @@
+package fs
+
+import (
+	"context"
+	"hash/fnv"
+	"path"
+	"strings"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/dyadfs/dyadfs/hfl"
+)
+
+// remoteNode is a file or a symbolic link that the namespace has and this
+// node does not (in its current version): published on another node. Its
+// attributes are its record's; opening it brings it here (or, to write
+// with O_TRUNC, makes a new one); what this node then has is shown through
+// the loopback at the next lookup.
+type remoteNode struct {
+	gofs.Inode
+	fsys *FS
+	gen  uint64 // the version it stands for
+}
+
+var (
+	_ gofs.NodeGetattrer  = (*remoteNode)(nil)
+	_ gofs.NodeSetattrer  = (*remoteNode)(nil)
+	_ gofs.NodeOpener     = (*remoteNode)(nil)
+	_ gofs.NodeReadlinker = (*remoteNode)(nil)
+	_ gofs.NodeGetxattrer = (*remoteNode)(nil)
+)
+
+// remote makes the node of rel, published elsewhere as rec. Its inode
+// number is derived from the path (the top bit set, apart from the
+// backing directory's numbers), so that it is the same at every lookup.
+func (fsys *FS) remote(ctx context.Context, parent *gofs.Inode, rel string, rec hfl.Record, out *fuse.EntryOut) *gofs.Inode {
+	ino := versionIno(rel, rec.Generation)
+	attrFromRecord(rec, ino, &out.Attr)
+	fsys.cached(out)
+	return parent.NewInode(ctx, &remoteNode{fsys: fsys, gen: rec.Generation}, gofs.StableAttr{Mode: rec.Mode & syscall.S_IFMT, Ino: ino})
+}
+
+// versionIno is the inode number shown for version gen of rel while it is
+// not here. Each version has its own: the kernel ties an inode to the
+// backing file its first open passes through to, so a newer version must
+// not come to an inode a process still reads an older one through.
+func versionIno(rel string, gen uint64) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(rel))
+	var b [8]byte
+	for i := range b {
+		b[i] = byte(gen >> (8 * i))
+	}
+	h.Write(b[:])
+	return h.Sum64() | 1<<63
+}
+
+// attrFromRecord fills out with rec's attributes. The change time shown is
+// the modification time: it is what this node's copy will show too, so
+// that a program comparing the two (tar does) sees one version.
+func attrFromRecord(rec hfl.Record, ino uint64, out *fuse.Attr) {
+	out.Ino = ino
+	out.Mode = rec.Mode
+	out.Size = uint64(rec.Size)
+	if rec.IsSymlink() {
+		out.Size = uint64(len(rec.Target))
+	}
+	out.Blocks = (out.Size + 511) / 512
+	out.Blksize = 4096
+	out.Nlink = 1
+	out.Owner = fuse.Owner{Uid: rec.Uid, Gid: rec.Gid}
+	sec, nsec := uint64(rec.MtimeNs/1e9), uint32(rec.MtimeNs%1e9)
+	out.Mtime, out.Mtimensec = sec, nsec
+	out.Ctime, out.Ctimensec = sec, nsec
+	out.Atime, out.Atimensec = sec, nsec
+}
+
+func (r *remoteNode) rel() string { return r.Path(nil) }
+
+// Getattr implements gofs.NodeGetattrer: what this node has of it now, if
+// that is current (fetched, or being written here), else the record.
+func (r *remoteNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	fsys, rel := r.fsys, r.rel()
+	ino := r.StableAttr().Ino
+	if fga, ok := f.(gofs.FileGetattrer); ok {
+		errno := fga.Getattr(ctx, out)
+		out.Ino = ino
+		return errno
+	}
+	var st syscall.Stat_t
+	if syscall.Lstat(fsys.dmd.BackingPath(rel), &st) == nil && fsys.dmd.CurrentHere(ctx, rel) {
+		out.FromStat(&st)
+		out.Ino = ino
+		fsys.copyTimes(rel, &out.Attr)
+		out.SetTimeout(fsys.cacheTTL())
+		return 0
+	}
+	rec, ok, err := fsys.dmd.Entry(ctx, rel, false)
+	if err != nil {
+		return fsys.errno("getattr", rel, err)
+	}
+	if !ok {
+		return syscall.ENOENT
+	}
+	attrFromRecord(rec, ino, &out.Attr)
+	out.SetTimeout(fsys.cacheTTL())
+	return 0
+}
+
+// Readlink implements gofs.NodeReadlinker.
+func (r *remoteNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	rel := r.rel()
+	rec, ok, err := r.fsys.dmd.Entry(ctx, rel, false)
+	if err != nil {
+		return nil, r.fsys.errno("readlink", rel, err)
+	}
+	if !ok || !rec.IsSymlink() {
+		return nil, syscall.EINVAL
+	}
+	return []byte(rec.Target), 0
+}
+
+// Getxattr implements gofs.NodeGetxattrer: a file of another node shows no
+// extended attributes.
+func (r *remoteNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	return 0, syscall.ENODATA
+}
+
+// Open implements gofs.NodeOpener. To read, it waits until the current
+// version is here (fetched); to write, see dmd.OpenForWrite.
+func (r *remoteNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	fsys, rel := r.fsys, r.rel()
+	defer fsys.forget(rel) // what is here from now on is shown as such
+	rec, ok, err := fsys.dmd.Entry(ctx, rel, false)
+	if err == nil && ok && rec.Generation != r.gen && !fsys.dmd.Mine(rel) {
+		// Another version since the kernel looked it up: it looks up
+		// again (the kernel retries an open that gets ESTALE once).
+		return nil, 0, syscall.ESTALE
+	}
+	if flags&writeFlags == 0 {
+		if err == nil && !ok && !fsys.waits(callerTid(ctx), rel) {
+			return nil, 0, syscall.ENOENT // removed since the kernel looked it up
+		}
+		return fsys.openWhenHere(ctx, rel, flags)
+	}
+	return fsys.openForWrite(ctx, rel, flags)
+}
+
+// openForWrite opens rel, whose current version is not here, for writing.
+func (fsys *FS) openForWrite(ctx context.Context, rel string, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	w, f, prev, err := fsys.dmd.OpenForWrite(ctx, rel, int(flags&^fuse.FMODE_EXEC), callerTid(ctx))
+	if err != nil {
+		return nil, 0, fsys.errno("open", rel, err)
+	}
+	h := fsys.newWriteHandle(gofs.NewLoopbackFileFromOS(f), w, func() string { return rel })
+	h.claim(prev)
+	return h, 0, 0
+}
+
+// Setattr implements gofs.NodeSetattrer: the file becomes this node's (its
+// current version brought here, unless it is truncated to nothing), is
+// changed here and published.
+func (r *remoteNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if fsa, ok := f.(gofs.FileSetattrer); ok {
+		return fsa.Setattr(ctx, in, out)
+	}
+	if errno := r.setattrAt(ctx, r.rel(), in, out); errno != 0 {
+		return errno
+	}
+	out.Ino = r.StableAttr().Ino
+	return 0
+}
+
+// setattrAt changes the attributes of rel, whose current version is not
+// here: see Setattr.
+func (r *remoteNode) setattrAt(ctx context.Context, rel string, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	fsys := r.fsys
+	flags := uint32(syscall.O_RDWR)
+	if sz, ok := in.GetSize(); ok && sz == 0 {
+		flags |= syscall.O_TRUNC
+	}
+	fh, _, errno := fsys.openForWrite(ctx, rel, flags)
+	if errno != 0 {
+		return errno
+	}
+	h := fh.(*writeHandle)
+	defer fsys.forget(rel)
+	defer h.Release(ctx)
+	if errno := h.Setattr(ctx, in, out); errno != 0 {
+		return errno
+	}
+	return h.Flush(ctx) // claims it: the copies elsewhere go
+}
+
+// forget tells the kernel, aside, to look rel up again: the loopback shows
+// what is here now.
+func (fsys *FS) forget(rel string) {
+	go fsys.forgetNow(rel)
+}
+
+// forgetNow drops the kernel's entry of rel, if it has one.
+func (fsys *FS) forgetNow(rel string) {
+	dir, name := path.Split(rel)
+	if parent := fsys.inodeOf(dir); parent != nil {
+		parent.NotifyEntry(name)
+	}
+}
+
+// inodeOf returns the inode of directory rel, if the kernel knows it.
+func (fsys *FS) inodeOf(rel string) *gofs.Inode {
+	if fsys.root == nil || fsys.server == nil {
+		return nil
+	}
+	ino := fsys.root.EmbeddedInode()
+	for _, c := range strings.Split(rel, "/") {
+		if c == "" {
+			continue
+		}
+		if ino = ino.GetChild(c); ino == nil {
+			return nil
+		}
+	}
+	return ino
+}
+
+// kernelNotifier is the managed directory's dmd.Notifier.
+type kernelNotifier struct{ fsys *FS }
+
+func (k kernelNotifier) EntryChanged(rel string) { k.fsys.forgetNow(rel) }
+
+// ChildrenUnpromised makes the kernel look up again the entries of
+// directory rel that are shown from the namespace.
+func (k kernelNotifier) ChildrenUnpromised(rel string) {
+	dir := k.fsys.inodeOf(rel)
+	if dir == nil {
+		return
+	}
+	for name, ch := range dir.Children() {
+		_, remote := ch.Operations().(*remoteNode)
+		if remote || k.fsys.dmd.IsCopy(path.Join(rel, name)) {
+			dir.NotifyEntry(name)
+		}
+	}
+}
+
+// copyTimes shows a copy of another node's file with its change time equal
+// to its modification time, as the record shows it while the file is not
+// here: one version, one set of times on every node.
+func (fsys *FS) copyTimes(rel string, a *fuse.Attr) {
+	if a.Mode&syscall.S_IFMT == syscall.S_IFREG && fsys.dmd.IsCopy(rel) {
+		a.Ctime, a.Ctimensec = a.Mtime, a.Mtimensec
+	}
+}

@@ -1,0 +1,404 @@
+package hfl
+
+import (
+	"container/list"
+	"sort"
+	"sync"
+	"time"
+)
+
+// The holder side of notices: what this node knows of paths and listings
+// under a home's promise, the opens that wait for a notice, and what this
+// node does when a home tells it of a change.
+
+// maxPromises bounds the paths this node remembers; the oldest go first
+// (a path forgotten is asked about again).
+const maxPromises = 1 << 18
+
+// maxListing bounds the entries of a listing a node keeps; a larger
+// directory is read from the store page by page each time.
+const maxListing = 1 << 16
+
+// promise is a home's word to tell this node of any change of what it
+// covers.
+type promise struct {
+	home    Member // the home, with its incarnation (Started)
+	epoch   uint64 // the members' epoch it was last checked at
+	expires time.Time
+}
+
+// known is what this node knows of one path.
+type known struct {
+	exists bool
+	rec    Record
+	gen    uint64 // of the record, or of its removal (0: never published)
+	p      promise
+	elem   *list.Element
+}
+
+// knownListing is a directory's whole listing.
+type knownListing struct {
+	p    promise
+	recs map[string]Record // by name
+}
+
+type holderSide struct {
+	n *notices
+
+	mu      sync.Mutex
+	known   map[string]*known
+	order   *list.List // of paths, front: most recently used
+	lists   map[string]*knownListing
+	flights map[string]*flight
+	// waits holds, per path, a channel closed when a notice of the path
+	// arrives here, and how many waits use it.
+	waits map[string]*noticeWait
+	// bytes keeps small files' bytes that answers and notices brought,
+	// for the open that follows the lookup (oldest first out).
+	bytes      map[string]Record
+	bytesOrder []string
+	nbytes     int
+}
+
+// maxHolderBytes bounds the small files' bytes a holder keeps.
+const maxHolderBytes = 8 << 20
+
+// flight is a question to a home in progress: a change told meanwhile
+// makes its answer unfit to keep (it may be older than the change).
+type flight struct {
+	users  int
+	broken bool
+}
+
+type noticeWait struct {
+	ch    chan struct{}
+	users int
+	rec   Record // the notice's record, once ch is closed (zero: a removal)
+}
+
+func newHolderSide(n *notices) *holderSide {
+	return &holderSide{n: n, known: make(map[string]*known), order: list.New(), lists: make(map[string]*knownListing),
+		flights: make(map[string]*flight), waits: make(map[string]*noticeWait), bytes: make(map[string]Record)}
+}
+
+// promiseFrom makes the promise of a reply from home m, sent at sent.
+func (s *holderSide) promiseFrom(m Member, r reply, epoch uint64, sent time.Time) (promise, bool) {
+	if r.NoPromise || !r.Home.Equal(m.Started) {
+		return promise{}, false
+	}
+	return promise{home: m, epoch: epoch, expires: sent.Add(s.n.t.promiseTTL - s.n.t.promiseMargin)}, true
+}
+
+// validLocked reports whether p still holds for dir: not run out, and made
+// by the home this node's view of the members names now.
+func (s *holderSide) validLocked(p *promise, dir string, now time.Time) bool {
+	if p.home.Node == "" || now.After(p.expires) {
+		return false
+	}
+	n := s.n
+	h, epoch, ok := n.homeOf(dir)
+	if !ok {
+		return false
+	}
+	if p.epoch == epoch {
+		return true
+	}
+	if h.Node != p.home.Node || !h.Started.Equal(p.home.Started) {
+		return false
+	}
+	p.epoch = epoch
+	return true
+}
+
+// lookup returns what this node knows of p under a promise that holds:
+// from the path's own promise, or from its directory's listing.
+func (s *holderSide) lookup(p string) (rec Record, exists bool, gen uint64, ok bool) {
+	dir, name := splitPath(p)
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if k := s.known[p]; k != nil && s.validLocked(&k.p, dir, now) {
+		s.order.MoveToFront(k.elem)
+		return k.rec, k.exists, k.gen, true
+	}
+	if l := s.lists[dir]; l != nil && s.validLocked(&l.p, dir, now) {
+		rec, ok := l.recs[name]
+		return rec, ok, rec.Generation, true
+	}
+	return Record{}, false, 0, false
+}
+
+// holds reports whether this node holds a promise for p itself (not only
+// through its directory's listing).
+func (s *holderSide) holds(p string) bool {
+	dir, _ := splitPath(p)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := s.known[p]
+	return k != nil && s.validLocked(&k.p, dir, time.Now())
+}
+
+// listing returns the listing of dir under a promise that holds.
+func (s *holderSide) listing(dir string) ([]Record, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.lists[dir]
+	if l == nil || !s.validLocked(&l.p, dir, time.Now()) {
+		return nil, false
+	}
+	out := make([]Record, 0, len(l.recs))
+	for _, rec := range l.recs {
+		out = append(out, rec)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out, true
+}
+
+// startFlight notes a question about p (a path, or a directory's listing
+// with listing) before it is asked.
+func (s *holderSide) startFlight(p string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := s.flights[p]
+	if f == nil {
+		f = &flight{}
+		s.flights[p] = f
+	}
+	f.users++
+}
+
+// endFlight ends a question and reports whether a change of p was told
+// while it was in flight.
+func (s *holderSide) endFlight(p string) (broken bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := s.flights[p]
+	if f == nil {
+		return true
+	}
+	broken = f.broken
+	if f.users--; f.users == 0 {
+		delete(s.flights, p)
+	}
+	return broken
+}
+
+// learn keeps what this node now knows of p, under promise pr (if ok).
+func (s *holderSide) learn(p string, rec Record, exists bool, gen uint64, pr promise, ok bool) {
+	if !ok {
+		return
+	}
+	rec.Inline = nil
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.learnLocked(p, rec, exists, gen, pr)
+}
+
+func (s *holderSide) learnLocked(p string, rec Record, exists bool, gen uint64, pr promise) {
+	k := s.known[p]
+	if k == nil {
+		k = &known{}
+		k.elem = s.order.PushFront(p)
+		s.known[p] = k
+		for s.order.Len() > maxPromises {
+			last := s.order.Back()
+			s.order.Remove(last)
+			delete(s.known, last.Value.(string))
+		}
+	} else {
+		s.order.MoveToFront(k.elem)
+		if k.gen > gen {
+			return // never let an older state replace a newer one
+		}
+	}
+	k.rec, k.exists, k.gen, k.p = rec, exists, gen, pr
+}
+
+// learnListing keeps the whole listing of dir under pr.
+func (s *holderSide) learnListing(dir string, recs []Record, pr promise) {
+	if len(recs) > maxListing {
+		return
+	}
+	l := &knownListing{p: pr, recs: make(map[string]Record, len(recs))}
+	for _, rec := range recs {
+		rec.Inline = nil
+		l.recs[rec.Name()] = rec
+	}
+	s.mu.Lock()
+	s.lists[dir] = l
+	s.mu.Unlock()
+}
+
+// addToListing notes, in the listing of its directory that this node
+// holds, a change this node made itself (the home tells the others).
+func (s *holderSide) addToListing(rec Record, exists bool) {
+	dir, name := splitPath(rec.Path)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l := s.lists[dir]; l != nil {
+		if exists {
+			rec.Inline = nil
+			l.recs[name] = rec
+		} else {
+			delete(l.recs, name)
+		}
+	}
+}
+
+// forget drops what this node knows of p.
+func (s *holderSide) forget(p string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if k := s.known[p]; k != nil {
+		s.order.Remove(k.elem)
+		delete(s.known, p)
+	}
+}
+
+// keepBytes keeps the bytes rec carries, for a moment.
+func (s *holderSide) keepBytes(rec Record) {
+	if rec.Inline == nil || rec.Provisional || !inlineFits(rec) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.bytes[rec.Path]; ok {
+		s.nbytes -= len(old.Inline.Data)
+	} else {
+		s.bytesOrder = append(s.bytesOrder, rec.Path)
+	}
+	s.bytes[rec.Path] = rec
+	s.nbytes += len(rec.Inline.Data)
+	for s.nbytes > maxHolderBytes && len(s.bytesOrder) > 0 {
+		p := s.bytesOrder[0]
+		s.bytesOrder = s.bytesOrder[1:]
+		if old, ok := s.bytes[p]; ok {
+			s.nbytes -= len(old.Inline.Data)
+			delete(s.bytes, p)
+		}
+	}
+	if len(s.bytesOrder) > 2*len(s.bytes)+64 {
+		keep := s.bytesOrder[:0]
+		for _, p := range s.bytesOrder {
+			if _, ok := s.bytes[p]; ok {
+				keep = append(keep, p)
+			}
+		}
+		s.bytesOrder = keep
+	}
+}
+
+// attachBytes returns rec with the bytes kept for exactly its version.
+func (s *holderSide) attachBytes(rec Record) Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b, ok := s.bytes[rec.Path]; ok && b.Owner == rec.Owner && b.Generation == rec.Generation && b.Size == rec.Size && b.MtimeNs == rec.MtimeNs {
+		rec.Inline = b.Inline
+	}
+	return rec
+}
+
+// brokenBy takes a break this node sent itself, as its own home.
+func (s *holderSide) brokenBy(msg notice) {
+	s.broken(s.n.self.Node, msg.Path, msg.Rec, msg.Gen, msg.Listing, msg.Held)
+}
+
+// broken takes a change of p that home from tells: the record (maybe
+// provisional, or being written), or nil for a removal at generation gen.
+// What this node knew of p is replaced (under a renewed promise if held:
+// the home keeps this node as a holder of p; else it only held the
+// listing, which ends), its listing of p's directory dropped if the change
+// ended that promise, waits for p woken, and the managed directory told,
+// to drop copies that are now stale.
+func (s *holderSide) broken(from, p string, rec *Record, gen uint64, listing, held bool) {
+	n := s.n
+	n.broken.Add(1)
+	dir, name := splitPath(p)
+	m, _ := n.member(from)
+	_, epoch, _ := n.homeOf(dir)
+	now := time.Now()
+	var state Record
+	exists := rec != nil
+	if exists {
+		state = *rec
+	}
+	s.mu.Lock()
+	if f := s.flights[p]; f != nil {
+		f.broken = true
+	}
+	if listing {
+		if f := s.flights[dir+"/"]; f != nil {
+			f.broken = true
+		}
+		delete(s.lists, dir)
+	} else if l := s.lists[dir]; l != nil && !state.Provisional {
+		// The home did not count this node among the listing's holders
+		// (its promise there ran out first): keep the entry in step; the
+		// listing's own promise says how long the rest holds.
+		if exists {
+			st := state
+			st.Inline = nil
+			l.recs[name] = st
+		} else {
+			delete(l.recs, name)
+		}
+	}
+	stale := false // told of a state older than one known here
+	if !state.Provisional {
+		g := gen
+		if exists {
+			g = state.Generation
+		}
+		var pr promise // none: known, not promised (asked again next time)
+		if held {
+			pr = promise{home: m, epoch: epoch, expires: now.Add(n.t.promiseTTL - n.t.promiseMargin)}
+		}
+		s.learnLocked(p, state, exists, g, pr)
+		if k := s.known[p]; k != nil {
+			k.rec.Inline = nil
+			stale = k.gen > g
+		}
+	}
+	if w, ok := s.waits[p]; ok && exists {
+		w.rec = state
+		close(w.ch)
+		delete(s.waits, p)
+	}
+	s.mu.Unlock()
+	if exists && !state.Provisional {
+		s.keepBytes(state)
+	}
+	if local := n.l.local; local != nil && !state.Provisional && !stale {
+		local.Invalidated(p, state, exists)
+		if listing {
+			local.ListingDropped(dir)
+		}
+	}
+}
+
+// waitChannel returns what is closed when a notice of path arrives, and the
+// function to call when done with it.
+func (s *holderSide) waitChannel(p string) (*noticeWait, func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, ok := s.waits[p]
+	if !ok {
+		w = &noticeWait{ch: make(chan struct{})}
+		s.waits[p] = w
+	}
+	w.users++
+	return w, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if w.users--; w.users == 0 && s.waits[p] == w {
+			delete(s.waits, p)
+		}
+	}
+}
+
+// promises counts the paths and listings this node holds promises for.
+func (s *holderSide) promises() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.known) + len(s.lists)
+}

@@ -1,0 +1,495 @@
+package hfl
+
+import (
+	"context"
+	"path"
+	"sync"
+	"time"
+)
+
+// The home side of notices: for the directories this node is home of, what
+// it was told of their entries, and who holds a promise for them.
+
+// Bounds of a home's memory.
+const (
+	// maxHolders bounds the promises a home keeps; past it, askers get
+	// answers without a promise (and ask again next time).
+	maxHolders = 1 << 20
+	// maxKnown bounds the entries a home remembers without holders (what
+	// it was told, so that askers need not read the store).
+	maxKnown = 1 << 18
+	// A home keeps provisional records (sent ahead of their publish) until
+	// the committed record follows, for consumers that start waiting in
+	// between: at most maxAhead of them, none older than aheadTTL.
+	maxAhead = 4096
+	aheadTTL = 10 * time.Second
+)
+
+type homeSide struct {
+	n *notices
+
+	mu       sync.Mutex
+	dirs     map[string]*homeDir
+	nholders int
+	nknown   int
+	ahead    map[string]aheadRecord
+	held     *heldData
+}
+
+// homeDir is a directory this node is (or was) home of.
+type homeDir struct {
+	entries map[string]*homeEntry
+	// listers hold a promise for the whole listing: the first change
+	// ends it.
+	listers map[string]time.Time
+}
+
+// homeEntry is what the home knows of one path, and its holders.
+type homeEntry struct {
+	known  bool   // a notice told the state (else askers read the store)
+	exists bool   // the state: rec, or removed at gen
+	rec    Record // without bytes (held apart)
+	gen    uint64
+	// holders: node -> when its promise was made or renewed.
+	holders map[string]time.Time
+}
+
+type aheadRecord struct {
+	rec Record
+	at  time.Time
+}
+
+func newHomeSide(n *notices) *homeSide {
+	return &homeSide{n: n, dirs: make(map[string]*homeDir), ahead: make(map[string]aheadRecord), held: newHeldData()}
+}
+
+func splitPath(p string) (dir, name string) {
+	dir, name = path.Split(p)
+	if dir != "" {
+		dir = dir[:len(dir)-1]
+	}
+	return dir, name
+}
+
+// entryLocked returns the entry of p, made if need be.
+func (h *homeSide) entryLocked(p string) (*homeDir, *homeEntry) {
+	dir, name := splitPath(p)
+	d := h.dirs[dir]
+	if d == nil {
+		d = &homeDir{entries: make(map[string]*homeEntry)}
+		h.dirs[dir] = d
+	}
+	e := d.entries[name]
+	if e == nil {
+		e = &homeEntry{}
+		d.entries[name] = e
+	}
+	return d, e
+}
+
+// holdLocked registers node as a holder of e, if there is room.
+func (h *homeSide) holdLocked(e *homeEntry, node string, now time.Time) bool {
+	if e.holders == nil {
+		e.holders = make(map[string]time.Time)
+	}
+	if _, ok := e.holders[node]; !ok {
+		if h.nholders >= maxHolders {
+			return false
+		}
+		h.nholders++
+	}
+	e.holders[node] = now
+	return true
+}
+
+// target is a holder to tell of a change.
+type target struct {
+	node    string
+	held    bool // it holds the path (and stays a holder)
+	listing bool // it held the listing of the path's directory
+	granted time.Time
+}
+
+// takeTargetsLocked returns the holders of e and the listers of d to tell
+// of a change made by from. Listers lose their promise; holders keep
+// theirs, renewed when they are told.
+func (h *homeSide) takeTargetsLocked(d *homeDir, e *homeEntry, from string) []target {
+	var out []target
+	idx := make(map[string]int)
+	for node, at := range e.holders {
+		if node != from {
+			idx[node] = len(out)
+			out = append(out, target{node: node, held: true, granted: at})
+		}
+	}
+	for node, at := range d.listers {
+		if node == from {
+			continue // it changed the listing itself: its promise stands
+		}
+		if i, ok := idx[node]; ok {
+			out[i].listing = true
+		} else {
+			out = append(out, target{node: node, listing: true, granted: at})
+		}
+		delete(d.listers, node)
+		h.nholders--
+	}
+	return out
+}
+
+// published takes a record from its owner. A provisional one (sent ahead
+// of its commit, maybe with a small file's bytes) is passed on to the
+// holders, which wait for it; a committed or a writing one becomes the
+// path's state, told to every holder (all of them before the reply, with
+// sync). The owner becomes a holder.
+func (h *homeSide) published(ctx context.Context, from string, rec Record, publish uint64, sync, forwarded bool) reply {
+	n := h.n
+	now := time.Now()
+	r := reply{Home: n.self.Started}
+	h.mu.Lock()
+	d, e := h.entryLocked(rec.Path)
+	if rec.Provisional {
+		if rec.Inline != nil {
+			h.held.put(rec, publish)
+		}
+		h.keepAheadLocked(rec, now)
+		var targets []target
+		for node, at := range e.holders {
+			if node != from {
+				targets = append(targets, target{node: node, held: true, granted: at})
+			}
+		}
+		h.mu.Unlock()
+		h.tell(ctx, rec.Path, targets, notice{Kind: kindBreak, Path: rec.Path, Rec: &rec, Inline: rec.Inline}, false)
+		return r
+	}
+	if e.known && e.gen >= rec.Generation {
+		h.mu.Unlock()
+		r.NoPromise = true // an older notice, overtaken: the sender is not told
+		return r
+	}
+	if !e.known {
+		h.nknown++
+	}
+	inline := rec.Inline
+	rec.Inline = nil
+	e.known, e.exists, e.rec, e.gen = true, true, rec, rec.Generation
+	if rec.Writing {
+		h.held.drop(rec.Path, "")
+	} else {
+		if inline != nil {
+			h.held.put(Record{Path: rec.Path, Owner: rec.Owner, Size: rec.Size, MtimeNs: rec.MtimeNs, Inline: inline}, publish)
+		}
+		h.held.commit(rec, publish)
+	}
+	if a, ok := h.ahead[rec.Path]; ok && (a.rec.Owner == rec.Owner || rec.Writing) {
+		delete(h.ahead, rec.Path)
+	}
+	told := h.held.attach(rec)
+	if forwarded {
+		from = rec.Owner // the owner knows; the home that passed it on holds nothing here
+	}
+	targets := h.takeTargetsLocked(d, e, from)
+	if !forwarded && !h.holdLocked(e, from, now) {
+		r.NoPromise = true
+	}
+	h.evictLocked()
+	h.mu.Unlock()
+	h.tell(ctx, rec.Path, targets, notice{Kind: kindBreak, Path: rec.Path, Rec: &told, Inline: told.Inline}, sync)
+	if !forwarded {
+		rec.Inline = inline
+		h.forward(ctx, notice{Kind: kindPublished, Rec: &rec, Inline: inline, Publish: publish, Sync: sync, Forwarded: true}, from)
+	}
+	return r
+}
+
+// unpublished takes the removal of p at generation gen.
+func (h *homeSide) unpublished(ctx context.Context, from, p string, gen uint64, sync, forwarded bool) reply {
+	n := h.n
+	r := reply{Home: n.self.Started}
+	h.mu.Lock()
+	d, e := h.entryLocked(p)
+	if e.known && e.gen >= gen {
+		h.mu.Unlock()
+		r.NoPromise = true
+		return r
+	}
+	if !e.known {
+		h.nknown++
+	}
+	e.known, e.exists, e.rec, e.gen = true, false, Record{}, gen
+	h.held.drop(p, "")
+	delete(h.ahead, p)
+	if forwarded {
+		from = "" // who removed it is not known here: every holder is told
+	}
+	targets := h.takeTargetsLocked(d, e, from)
+	if !forwarded && !h.holdLocked(e, from, time.Now()) {
+		r.NoPromise = true
+	}
+	h.evictLocked()
+	h.mu.Unlock()
+	h.tell(ctx, p, targets, notice{Kind: kindBreak, Path: p, Gen: gen}, sync)
+	if !forwarded {
+		h.forward(ctx, notice{Kind: kindUnpublished, Path: p, Gen: gen, Sync: sync, Forwarded: true}, from)
+	}
+	return r
+}
+
+// forward passes a change on to the other homes its holders may have
+// registered at while the members were changing: the home in this node's
+// view, if it is not this node (the sender's view is older), and the home
+// before it, if it joined a moment ago (the holders' views may be older).
+func (h *homeSide) forward(ctx context.Context, msg notice, from string) {
+	n := h.n
+	var p string
+	if msg.Rec != nil {
+		p = msg.Rec.Path
+	} else {
+		p = msg.Path
+	}
+	dir, _ := splitPath(p)
+	var to []Member
+	if cur, _, ok := n.homeOf(dir); ok && cur.Node != n.self.Node {
+		to = append(to, cur)
+	} else if prev, ok := n.previousHome(dir); ok && prev.Node != n.self.Node {
+		to = append(to, prev)
+	}
+	for _, m := range to {
+		if m.Node == from {
+			continue
+		}
+		if msg.Sync {
+			if _, err := n.send(ctx, m, msg); err != nil {
+				n.log.Debug("change not passed on to the other home", "to", m.Node, "path", p, "err", err)
+			}
+		} else {
+			n.sendAside(m, msg)
+		}
+	}
+}
+
+// ask answers a node that asks about p, and registers it as a holder.
+func (h *homeSide) ask(from, p string, after uint64, withAhead bool) reply {
+	n := h.n
+	now := time.Now()
+	r := reply{Home: n.self.Started}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, e := h.entryLocked(p)
+	if !h.holdLocked(e, from, now) {
+		r.NoPromise = true
+	}
+	if e.known {
+		r.Known, r.Gen = true, e.gen
+		if e.exists {
+			rec := h.held.attach(e.rec)
+			r.Rec, r.Inline = &rec, rec.Inline
+		}
+	}
+	if a, ok := h.ahead[p]; ok && withAhead && now.Sub(a.at) < aheadTTL && (!e.known || !e.exists || e.rec.Writing || e.gen <= after) {
+		rec := h.held.attach(a.rec)
+		r.Rec, r.Inline = &rec, rec.Inline
+	}
+	return r
+}
+
+// list registers a node that reads the listing of dir.
+func (h *homeSide) list(from, dir string) reply {
+	r := reply{Home: h.n.self.Started}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	d := h.dirs[dir]
+	if d == nil {
+		d = &homeDir{entries: make(map[string]*homeEntry)}
+		h.dirs[dir] = d
+	}
+	if d.listers == nil {
+		d.listers = make(map[string]time.Time)
+	}
+	if _, ok := d.listers[from]; !ok {
+		if h.nholders >= maxHolders {
+			r.NoPromise = true
+			return r
+		}
+		h.nholders++
+	}
+	d.listers[from] = time.Now()
+	return r
+}
+
+// tell sends the break msg to targets: with wait, every one of them before
+// it returns (a holder that cannot be reached is waited for until it left
+// the members or its promise ran out, or ctx ends); without, aside.
+func (h *homeSide) tell(ctx context.Context, p string, targets []target, msg notice, wait bool) {
+	if len(targets) == 0 {
+		return
+	}
+	n := h.n
+	if !wait {
+		for _, t := range targets {
+			go h.tellOne(n.ctx, p, t, msg, false)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	for _, t := range targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.tellOne(ctx, p, t, msg, true)
+		}()
+	}
+	wg.Wait()
+}
+
+// tellOne tells one holder; see tell.
+func (h *homeSide) tellOne(ctx context.Context, p string, t target, msg notice, persist bool) {
+	n := h.n
+	msg.Listing, msg.Held = t.listing, t.held
+	n.breaks.Add(1)
+	if t.node == n.self.Node {
+		h.n.holder.brokenBy(msg)
+		return
+	}
+	for attempt := 0; ; attempt++ {
+		m, ok := n.member(t.node)
+		if !ok {
+			h.drop(p, t.node) // gone: its promises went with it
+			return
+		}
+		if _, err := n.send(ctx, m, msg); err == nil {
+			return
+		} else if ctx.Err() != nil {
+			return
+		}
+		if !persist && attempt >= 2 || time.Since(t.granted) > n.t.promiseTTL {
+			h.drop(p, t.node)
+			return
+		}
+		pause := time.NewTimer(n.t.retry << min(attempt, 3))
+		select {
+		case <-pause.C:
+		case <-ctx.Done():
+			pause.Stop()
+			return
+		}
+	}
+}
+
+// drop forgets node as a holder of p.
+func (h *homeSide) drop(p, node string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	dir, name := splitPath(p)
+	if d := h.dirs[dir]; d != nil {
+		if e := d.entries[name]; e != nil {
+			if _, ok := e.holders[node]; ok {
+				delete(e.holders, node)
+				h.nholders--
+			}
+		}
+	}
+}
+
+// keepAheadLocked keeps a provisional record for consumers that ask for it
+// before its committed record arrives.
+func (h *homeSide) keepAheadLocked(rec Record, now time.Time) {
+	if len(h.ahead) >= maxAhead {
+		for p, a := range h.ahead {
+			if now.Sub(a.at) >= aheadTTL {
+				delete(h.ahead, p)
+			}
+		}
+		if len(h.ahead) >= maxAhead {
+			return // the consumers that ask now wait for the committed record
+		}
+	}
+	rec.Inline = nil // held apart, within its own bound
+	h.ahead[rec.Path] = aheadRecord{rec: rec, at: now}
+}
+
+// evictLocked forgets known entries that nobody holds once there are too
+// many of them.
+func (h *homeSide) evictLocked() {
+	if h.nknown <= maxKnown {
+		return
+	}
+	for dir, d := range h.dirs {
+		for name, e := range d.entries {
+			if len(e.holders) == 0 && e.known {
+				delete(d.entries, name)
+				h.nknown--
+				h.held.drop(path.Join(dir, name), "")
+			}
+		}
+		if len(d.entries) == 0 && len(d.listers) == 0 {
+			delete(h.dirs, dir)
+		}
+		if h.nknown <= maxKnown*3/4 {
+			return
+		}
+	}
+}
+
+// sweep forgets promises that ran out, until the daemon stops.
+func (h *homeSide) sweep() {
+	t := time.NewTicker(h.n.t.promiseTTL / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.n.ctx.Done():
+			return
+		case <-t.C:
+		}
+		h.expire(time.Now())
+	}
+}
+
+// expire forgets promises older than promiseTTL, and entries that neither
+// are known nor held.
+func (h *homeSide) expire(now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for dir, d := range h.dirs {
+		for node, at := range d.listers {
+			if now.Sub(at) > h.n.t.promiseTTL {
+				delete(d.listers, node)
+				h.nholders--
+			}
+		}
+		for name, e := range d.entries {
+			for node, at := range e.holders {
+				if now.Sub(at) > h.n.t.promiseTTL {
+					delete(e.holders, node)
+					h.nholders--
+				}
+			}
+			if !e.known && len(e.holders) == 0 {
+				delete(d.entries, name)
+			}
+		}
+		if len(d.entries) == 0 && len(d.listers) == 0 {
+			delete(h.dirs, dir)
+		}
+	}
+	for p, a := range h.ahead {
+		if now.Sub(a.at) >= aheadTTL {
+			delete(h.ahead, p)
+		}
+	}
+}
+
+// holders counts the promises this home keeps.
+func (h *homeSide) holders() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.nholders
+}
+
+// withHeld returns rec with its bytes, if this node holds them.
+func (h *homeSide) withHeld(rec Record) Record {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.held.attach(rec)
+}

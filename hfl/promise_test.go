@@ -1,0 +1,391 @@
+package hfl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// recordingLocal is a LocalIndex that has nothing and notes what it is told.
+type recordingLocal struct {
+	mu   sync.Mutex
+	told []string
+}
+
+func (r *recordingLocal) LocalRecord(ctx context.Context, path string) (Record, bool) {
+	return Record{}, false
+}
+
+func (r *recordingLocal) Invalidated(path string, rec Record, exists bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case !exists:
+		r.told = append(r.told, path+" gone")
+	case rec.Writing:
+		r.told = append(r.told, fmt.Sprintf("%s writing by %s", path, rec.Owner))
+	default:
+		r.told = append(r.told, fmt.Sprintf("%s gen %d by %s", path, rec.Generation, rec.Owner))
+	}
+}
+
+func (r *recordingLocal) ListingDropped(dir string) {}
+
+func (r *recordingLocal) heard(s string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, t := range r.told {
+		if t == s {
+			return true
+		}
+	}
+	return false
+}
+
+// countingStore counts the calls that promises should spare.
+type countingStore struct {
+	Store
+	lookups, lists atomic.Int64
+	// hide drops members from listings of registrations.
+	mu   sync.Mutex
+	hide map[string]bool
+	// lookupGate, if set, holds every Lookup until it is closed.
+	lookupGate chan struct{}
+	lookupIn   chan struct{}
+}
+
+func (s *countingStore) Lookup(ctx context.Context, key string) (Record, error) {
+	s.lookups.Add(1)
+	rec, err := s.Store.Lookup(ctx, key)
+	if s.lookupGate != nil {
+		s.lookupIn <- struct{}{}
+		<-s.lookupGate
+	}
+	return rec, err
+}
+
+func (s *countingStore) ListDir(ctx context.Context, dir, after string, limit int) ([]Record, error) {
+	s.lists.Add(1)
+	return s.Store.ListDir(ctx, dir, after, limit)
+}
+
+func (s *countingStore) List(ctx context.Context, prefix string) (map[string][]byte, error) {
+	m, err := s.Store.List(ctx, prefix)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k := range m {
+		if s.hide[k[strings.LastIndexByte(k, '/')+1:]] {
+			delete(m, k)
+		}
+	}
+	return m, err
+}
+
+// promiseCluster is a notice cluster whose nodes note what they are told.
+func promiseCluster(t *testing.T, n int) ([]*Locator, []*recordingLocal, *countingStore, *memNet) {
+	t.Helper()
+	store := &countingStore{Store: NewEmbeddedStore(), hide: map[string]bool{}}
+	locs, net := noticeClusterOver(t, n, store)
+	var locals []*recordingLocal
+	for _, l := range locs {
+		r := &recordingLocal{}
+		l.SetLocal(r)
+		locals = append(locals, r)
+	}
+	return locs, locals, store, net
+}
+
+func testContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// eventuallyTrue polls cond for up to five seconds.
+func eventuallyTrue(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 5s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestPromiseSparesTheStore: a node that asked once answers again from
+// what it knows, present or missing, until a change is told.
+func TestPromiseSparesTheStore(t *testing.T) {
+	locs, _, store, _ := promiseCluster(t, 3)
+	ctx := testContext(t)
+	pub, err := locs[0].Publish(ctx, Record{Path: "p/a", Owner: "n0", Mode: 0o100644})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Present, and missing.
+	for _, path := range []string{"p/a", "p/missing"} {
+		first, _, err1 := locs[1].Record(ctx, path)
+		before := store.lookups.Load()
+		again, lv, err2 := locs[1].Record(ctx, path)
+		if lv != LevelCache || store.lookups.Load() != before || !errors.Is(err1, err2) || first != again {
+			t.Fatalf("%s asked again: %+v at %v, %v (first %+v, %v), %d store lookups; want it from the promise",
+				path, again, lv, err2, first, err1, store.lookups.Load()-before)
+		}
+	}
+	// A publish of the missing path is told to the node that asked.
+	late, err := locs[2].Publish(ctx, Record{Path: "p/missing", Owner: "n2", Mode: 0o100644})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventuallyTrue(t, "the new path told", func() bool {
+		rec, lv, err := locs[1].Record(ctx, "p/missing")
+		return err == nil && lv == LevelCache && rec.Generation == late.Generation
+	})
+	if rec, _, err := locs[1].Record(ctx, "p/a"); err != nil || rec.Generation != pub.Generation {
+		t.Fatalf("p/a = %+v, %v; want %+v", rec, err, pub)
+	}
+}
+
+// TestClaimTellsHoldersBeforeItReturns: once Claim returns, every node
+// that held the path knows it is being rewritten (close-to-open), the
+// owner of the old version included; the publish that ends the claim is
+// told too.
+func TestClaimTellsHoldersBeforeItReturns(t *testing.T) {
+	locs, locals, _, _ := promiseCluster(t, 4)
+	ctx := testContext(t)
+	for i := 0; i < 8; i++ {
+		path := fmt.Sprintf("c%d/f", i) // homes spread over the nodes
+		if _, err := locs[0].Publish(ctx, Record{Path: path, Owner: "n0", Size: 1, Mode: 0o100644}); err != nil {
+			t.Fatal(err)
+		}
+		// The owner holds its promise once its home took the publish.
+		eventuallyTrue(t, "owner's promise", func() bool {
+			_, lv, err := locs[0].Record(ctx, path)
+			return err == nil && lv == LevelCache
+		})
+		for _, l := range locs[1:3] {
+			if _, _, err := l.Record(ctx, path); err != nil {
+				t.Fatal(err)
+			}
+		}
+		claim, err := locs[3].Claim(ctx, Record{Path: path, Owner: "n3", Size: 1, Mode: 0o100644})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := path + " writing by n3"
+		for _, i := range []int{0, 1, 2} {
+			if !locals[i].heard(want) {
+				t.Fatalf("%s: n%d was not told %q before Claim returned: %v", path, i, want, locals[i].told)
+			}
+			rec, lv, err := locs[i].Record(ctx, path)
+			if err != nil || lv != LevelCache || !rec.Writing || rec.Generation != claim.Generation {
+				t.Fatalf("%s: n%d knows %+v at %v, %v; want the claim from its promise", path, i, rec, lv, err)
+			}
+		}
+		pub, err := locs[3].Publish(ctx, Record{Path: path, Owner: "n3", Size: 2, Mode: 0o100644})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, i := range []int{0, 1, 2} {
+			want := fmt.Sprintf("%s gen %d by n3", path, pub.Generation)
+			eventuallyTrue(t, fmt.Sprintf("n%d told of the new version", i), func() bool { return locals[i].heard(want) })
+		}
+	}
+}
+
+// TestRemovalTellsHolders: an unlink on any node is told to the nodes that
+// held the path before Unpublish returns.
+func TestRemovalTellsHolders(t *testing.T) {
+	locs, locals, _, _ := promiseCluster(t, 3)
+	ctx := testContext(t)
+	if _, err := locs[0].Publish(ctx, Record{Path: "r/f", Owner: "n0", Mode: 0o100644}); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyTrue(t, "owner's promise", func() bool {
+		_, lv, err := locs[0].Record(ctx, "r/f")
+		return err == nil && lv == LevelCache
+	})
+	if _, _, err := locs[1].Record(ctx, "r/f"); err != nil {
+		t.Fatal(err)
+	}
+	if err := locs[2].Unpublish(ctx, "r/f", RemoveCond{}, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range []int{0, 1} {
+		if !locals[i].heard("r/f gone") {
+			t.Fatalf("n%d not told of the removal before Unpublish returned: %v", i, locals[i].told)
+		}
+		if _, lv, err := locs[i].Record(ctx, "r/f"); !errors.Is(err, ErrNotFound) || lv != LevelCache {
+			t.Fatalf("n%d after the removal: %v at %v; want ErrNotFound from its promise", i, err, lv)
+		}
+	}
+}
+
+// TestListingPromise: a listing read once is kept until a change in the
+// directory, which the node is told of.
+func TestListingPromise(t *testing.T) {
+	locs, _, store, _ := promiseCluster(t, 2)
+	ctx := testContext(t)
+	for _, name := range []string{"y", "x"} {
+		if _, err := locs[0].Publish(ctx, Record{Path: "ls/" + name, Owner: "n0", Mode: 0o100644}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	names := func() string {
+		t.Helper()
+		recs, err := locs[1].List(ctx, "ls", "", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, r := range recs {
+			out = append(out, r.Name())
+		}
+		return strings.Join(out, " ")
+	}
+	if got := names(); got != "x y" {
+		t.Fatalf("listing %q, want x y", got)
+	}
+	before := store.lists.Load()
+	if got := names(); got != "x y" || store.lists.Load() != before {
+		t.Fatalf("listing again %q with %d store reads; want x y from the promise", got, store.lists.Load()-before)
+	}
+	// Lookups in the directory are answered from the listing too.
+	if _, lv, err := locs[1].Record(ctx, "ls/none"); !errors.Is(err, ErrNotFound) || lv != LevelCache {
+		t.Fatalf("lookup of a name the listing lacks: %v at %v", err, lv)
+	}
+	if _, err := locs[0].Publish(ctx, Record{Path: "ls/z", Owner: "n0", Mode: 0o100644}); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyTrue(t, "the new name listed", func() bool { return names() == "x y z" })
+	// The node's own changes keep its listing in step.
+	if _, err := locs[1].Publish(ctx, Record{Path: "ls/w", Owner: "n1", Mode: 0o100644}); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(); got != "w x y z" {
+		t.Fatalf("listing after this node's publish %q, want w x y z", got)
+	}
+}
+
+// TestChangeDuringQuestionIsNotKept: a change told while a node reads the
+// store is newer than what the store said: the answer is used once, not
+// kept under the promise.
+func TestChangeDuringQuestionIsNotKept(t *testing.T) {
+	locs, _, store, _ := promiseCluster(t, 2)
+	ctx := testContext(t)
+	store.lookupIn, store.lookupGate = make(chan struct{}, 100), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := locs[1].Record(ctx, "q/f")
+		done <- err
+	}()
+	<-store.lookupIn // the store answered "missing"; the answer is on its way
+	pub, err := locs[0].Publish(ctx, Record{Path: "q/f", Owner: "n0", Mode: 0o100644})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventuallyTrue(t, "the change told", func() bool { return locs[1].notices.Load().broken.Load() > 0 })
+	close(store.lookupGate)
+	if err := <-done; !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the question in flight: %v, want the store's ErrNotFound", err)
+	}
+	rec, _, err := locs[1].Record(ctx, "q/f")
+	if err != nil || rec.Generation != pub.Generation {
+		t.Fatalf("after the question: %+v, %v; want the published record, not the stale answer", rec, err)
+	}
+}
+
+// TestPromisesEndWithTheirHome: when the home of a directory changes (a
+// node joins and scores higher), what was promised by the old home is asked
+// again.
+func TestPromisesEndWithTheirHome(t *testing.T) {
+	locs, _, store, net := promiseCluster(t, 2)
+	ctx := testContext(t)
+	// A directory the joining node n2 will be home of.
+	dir := ""
+	for i := 0; ; i++ {
+		d := fmt.Sprintf("h%d", i)
+		key := locs[0].Key(d)
+		if best, _ := rendezvous([]Member{{Node: "n0"}, {Node: "n1"}, {Node: "n2"}}, key, ""); best.Node == "n2" {
+			dir = d
+			break
+		}
+	}
+	path := dir + "/f"
+	if _, _, err := locs[1].Record(ctx, path); !errors.Is(err, ErrNotFound) {
+		t.Fatal(err)
+	}
+	if _, lv, _ := locs[1].Record(ctx, path); lv != LevelCache {
+		t.Fatalf("second lookup at %v, want the cache", lv)
+	}
+	l, err := NewLocator(DefaultLocatorConfig(), store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := Member{Node: "n2", Transport: "mem", Addr: "10.0.0.3:7447", Started: time.Now()}
+	if err := l.Register(ctx, m, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	net.mu.Lock()
+	net.locs[m.Addr] = l
+	net.mu.Unlock()
+	if err := l.EnableNotices(ctx, m, &memPeers{from: "n2", net: net}, nil); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyTrue(t, "n1 knows n2", func() bool { return locs[1].Stats().Notices.Members == 3 })
+	if _, lv, _ := locs[1].Record(ctx, path); lv == LevelCache {
+		t.Fatalf("a promise of the old home was still trusted after the home changed")
+	}
+}
+
+// TestRemovalWaitsForAnUnreachableHome: a removal whose home cannot be
+// reached returns only once that home has left the members and the others
+// had time to read the members again (their promises from it are void).
+func TestRemovalWaitsForAnUnreachableHome(t *testing.T) {
+	for _, v := range []*time.Duration{&membersRefresh, &membersRetry} {
+		old := *v
+		t.Cleanup(func() { *v = old })
+	}
+	membersRefresh, membersRetry = 300*time.Millisecond, 20*time.Millisecond
+	locs, _, store, net := promiseCluster(t, 3)
+	ctx := testContext(t)
+	dir := ""
+	for i := 0; ; i++ {
+		d := fmt.Sprintf("w%d", i)
+		if h, _, _ := locs[0].notices.Load().homeOf(d); h.Node == "n1" {
+			dir = d
+			break
+		}
+	}
+	path := dir + "/f"
+	if _, err := locs[0].Publish(ctx, Record{Path: path, Owner: "n0", Mode: 0o100644}); err != nil {
+		t.Fatal(err)
+	}
+	net.mu.Lock()
+	net.down["n1"] = true
+	net.mu.Unlock()
+	start := time.Now()
+	gone := make(chan time.Time, 1)
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		store.mu.Lock()
+		store.hide["n1"] = true
+		store.mu.Unlock()
+		gone <- time.Now()
+	}()
+	if err := locs[2].Unpublish(ctx, path, RemoveCond{}, true); err != nil {
+		t.Fatal(err)
+	}
+	left := <-gone
+	if took := time.Since(start); time.Since(left) < membersRefresh {
+		t.Fatalf("the removal returned %v after it started, %v after the home left: want at least %v after", took, time.Since(left), membersRefresh)
+	}
+	if st := locs[2].Stats().Notices; st.HomeWaits == 0 {
+		t.Errorf("the wait for the dead home was not counted: %+v", st)
+	}
+}
