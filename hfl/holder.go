@@ -53,6 +53,11 @@ type holderSide struct {
 	// waits holds, per path, a channel closed when a notice of the path
 	// arrives here, and how many waits use it.
 	waits map[string]*noticeWait
+	// misses counts, per directory, paths asked about there that were
+	// missing; tooLarge, directories found too large to keep the listing
+	// of (see wantListing).
+	misses   map[string]missCount
+	tooLarge map[string]time.Time
 	// bytes keeps small files' bytes that answers and notices brought,
 	// for the open that follows the lookup (oldest first out).
 	bytes      map[string]Record
@@ -78,7 +83,8 @@ type noticeWait struct {
 
 func newHolderSide(n *notices) *holderSide {
 	return &holderSide{n: n, known: make(map[string]*known), order: list.New(), lists: make(map[string]*knownListing),
-		flights: make(map[string]*flight), waits: make(map[string]*noticeWait), bytes: make(map[string]Record)}
+		flights: make(map[string]*flight), waits: make(map[string]*noticeWait), bytes: make(map[string]Record),
+		misses: make(map[string]missCount), tooLarge: make(map[string]time.Time)}
 }
 
 // promiseFrom makes the promise of a reply from home m, sent at sent.
@@ -300,17 +306,17 @@ func (s *holderSide) attachBytes(rec Record) Record {
 
 // brokenBy takes a break this node sent itself, as its own home.
 func (s *holderSide) brokenBy(msg notice) {
-	s.broken(s.n.self.Node, msg.Path, msg.Rec, msg.Gen, msg.Listing, msg.Held)
+	s.broken(s.n.self.Node, msg.Path, msg.Rec, msg.Gen, msg.Listing, msg.ListingEnded, msg.Held)
 }
 
 // broken takes a change of p that home from tells: the record (maybe
 // provisional, or being written), or nil for a removal at generation gen.
 // What this node knew of p is replaced (under a renewed promise if held:
-// the home keeps this node as a holder of p; else it only held the
-// listing, which ends), its listing of p's directory dropped if the change
-// ended that promise, waits for p woken, and the managed directory told,
-// to drop copies that are now stale.
-func (s *holderSide) broken(from, p string, rec *Record, gen uint64, listing, held bool) {
+// the home keeps this node as a holder of p), its listing of p's directory
+// updated (listing: this node holds it; ended: no longer), waits for p
+// woken, and the managed directory told, to drop copies that are now
+// stale.
+func (s *holderSide) broken(from, p string, rec *Record, gen uint64, listing, ended, held bool) {
 	n := s.n
 	n.broken.Add(1)
 	dir, name := splitPath(p)
@@ -326,21 +332,25 @@ func (s *holderSide) broken(from, p string, rec *Record, gen uint64, listing, he
 	if f := s.flights[p]; f != nil {
 		f.broken = true
 	}
-	if listing {
-		if f := s.flights[dir+"/"]; f != nil {
-			f.broken = true
-		}
+	if f := s.flights[dir+"/"]; f != nil && listing {
+		f.broken = true // a listing being read may be older than this
+	}
+	if listing && ended {
 		delete(s.lists, dir)
 	} else if l := s.lists[dir]; l != nil && !state.Provisional {
-		// The home did not count this node among the listing's holders
-		// (its promise there ran out first): keep the entry in step; the
-		// listing's own promise says how long the rest holds.
+		// Keep the listing in step. Told as a lister, its promise is
+		// renewed; otherwise it was not counted among them (its promise
+		// there ran out first), and the listing's own promise says how
+		// long the rest holds.
 		if exists {
 			st := state
 			st.Inline = nil
 			l.recs[name] = st
 		} else {
 			delete(l.recs, name)
+		}
+		if listing {
+			l.p = promise{home: m, epoch: epoch, expires: now.Add(n.t.promiseTTL - n.t.promiseMargin)}
 		}
 	}
 	stale := false // told of a state older than one known here
@@ -370,7 +380,7 @@ func (s *holderSide) broken(from, p string, rec *Record, gen uint64, listing, he
 	}
 	if local := n.l.local; local != nil && !state.Provisional && !stale {
 		local.Invalidated(p, state, exists)
-		if listing {
+		if listing && ended {
 			local.ListingDropped(dir)
 		}
 	}
@@ -394,6 +404,63 @@ func (s *holderSide) waitChannel(p string) (*noticeWait, func()) {
 			delete(s.waits, p)
 		}
 	}
+}
+
+// missCount counts missing paths asked about in one directory.
+type missCount struct {
+	n     int
+	since time.Time
+}
+
+// A directory where paths were missing missesToList times within
+// missWindow is listed whole, so that what follows (a program probing for
+// names, a consumer waiting for files one after the other) is answered
+// here; a directory found too large is not listed for a while.
+const (
+	missesToList = 2
+	missWindow   = time.Second
+	tooLargeFor  = time.Minute
+	maxMissDirs  = 4096
+)
+
+// noteMiss counts a missing path asked about in dir.
+func (s *holderSide) noteMiss(dir string, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.misses[dir]
+	if now.Sub(m.since) > missWindow {
+		m = missCount{since: now}
+	}
+	m.n++
+	if len(s.misses) >= maxMissDirs {
+		clear(s.misses)
+	}
+	s.misses[dir] = m
+}
+
+// wantListing reports whether dir should be listed whole (see noteMiss).
+func (s *holderSide) wantListing(dir string, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.misses[dir]
+	return m.n >= missesToList && now.Sub(m.since) <= missWindow && now.Sub(s.tooLarge[dir]) > tooLargeFor
+}
+
+// listable reports whether dir was not found too large lately.
+func (s *holderSide) listable(dir string, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return now.Sub(s.tooLarge[dir]) > tooLargeFor
+}
+
+// foundTooLarge notes that dir has more entries than a listing keeps.
+func (s *holderSide) foundTooLarge(dir string, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.tooLarge) >= maxMissDirs {
+		clear(s.tooLarge)
+	}
+	s.tooLarge[dir] = now
 }
 
 // promises counts the paths and listings this node holds promises for.

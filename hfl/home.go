@@ -39,8 +39,8 @@ type homeSide struct {
 // homeDir is a directory this node is (or was) home of.
 type homeDir struct {
 	entries map[string]*homeEntry
-	// listers hold a promise for the whole listing: the first change
-	// ends it.
+	// listers hold a promise for the whole listing: they are told of
+	// every change of its entries.
 	listers map[string]time.Time
 }
 
@@ -102,18 +102,26 @@ func (h *homeSide) holdLocked(e *homeEntry, node string, now time.Time) bool {
 	return true
 }
 
+// maxListers bounds the nodes a directory's home tells of every change of
+// the directory's entries, keeping their listings current; past it, a
+// change ends the listers' promises instead (they read the listing again
+// when they need it), so that a change costs a bounded number of messages.
+const maxListers = 64
+
 // target is a holder to tell of a change.
 type target struct {
 	node    string
 	held    bool // it holds the path (and stays a holder)
-	listing bool // it held the listing of the path's directory
+	listing bool // it holds the listing of the path's directory
+	ended   bool // ...and that promise ends with this change
 	granted time.Time
 }
 
 // takeTargetsLocked returns the holders of e and the listers of d to tell
-// of a change made by from. Listers lose their promise; holders keep
-// theirs, renewed when they are told.
-func (h *homeSide) takeTargetsLocked(d *homeDir, e *homeEntry, from string) []target {
+// of a change made by from. Holders and listers keep their promises,
+// renewed when they are told, unless there are too many listers: then
+// their promises end.
+func (h *homeSide) takeTargetsLocked(d *homeDir, e *homeEntry, from string, now time.Time) []target {
 	var out []target
 	idx := make(map[string]int)
 	for node, at := range e.holders {
@@ -122,17 +130,22 @@ func (h *homeSide) takeTargetsLocked(d *homeDir, e *homeEntry, from string) []ta
 			out = append(out, target{node: node, held: true, granted: at})
 		}
 	}
+	end := len(d.listers) > maxListers
 	for node, at := range d.listers {
 		if node == from {
-			continue // it changed the listing itself: its promise stands
+			continue // it changed the listing itself and keeps it current
 		}
 		if i, ok := idx[node]; ok {
-			out[i].listing = true
+			out[i].listing, out[i].ended = true, end
 		} else {
-			out = append(out, target{node: node, listing: true, granted: at})
+			out = append(out, target{node: node, listing: true, ended: end, granted: at})
 		}
-		delete(d.listers, node)
-		h.nholders--
+		if end {
+			delete(d.listers, node)
+			h.nholders--
+		} else {
+			d.listers[node] = now
+		}
 	}
 	return out
 }
@@ -189,7 +202,7 @@ func (h *homeSide) published(ctx context.Context, from string, rec Record, publi
 	if forwarded {
 		from = rec.Owner // the owner knows; the home that passed it on holds nothing here
 	}
-	targets := h.takeTargetsLocked(d, e, from)
+	targets := h.takeTargetsLocked(d, e, from, now)
 	if !forwarded && !h.holdLocked(e, from, now) {
 		r.NoPromise = true
 	}
@@ -223,7 +236,7 @@ func (h *homeSide) unpublished(ctx context.Context, from, p string, gen uint64, 
 	if forwarded {
 		from = "" // who removed it is not known here: every holder is told
 	}
-	targets := h.takeTargetsLocked(d, e, from)
+	targets := h.takeTargetsLocked(d, e, from, time.Now())
 	if !forwarded && !h.holdLocked(e, from, time.Now()) {
 		r.NoPromise = true
 	}
@@ -346,7 +359,7 @@ func (h *homeSide) tell(ctx context.Context, p string, targets []target, msg not
 // tellOne tells one holder; see tell.
 func (h *homeSide) tellOne(ctx context.Context, p string, t target, msg notice, persist bool) {
 	n := h.n
-	msg.Listing, msg.Held = t.listing, t.held
+	msg.Listing, msg.ListingEnded, msg.Held = t.listing, t.ended, t.held
 	n.breaks.Add(1)
 	if t.node == n.self.Node {
 		h.n.holder.brokenBy(msg)

@@ -303,19 +303,37 @@ func (l *Locator) State(ctx context.Context, path string) (State, error) {
 		rec, err := l.store.Lookup(ctx, l.Key(path))
 		return l.stateFromStore(rec, err, nil)
 	}
-	if rec, exists, gen, ok := n.holder.lookup(path); ok {
+	cached := func() (State, bool) {
+		rec, exists, gen, ok := n.holder.lookup(path)
+		if !ok {
+			return State{}, false
+		}
 		l.hits[LevelCache].Add(1)
 		if !exists {
 			l.misses.Add(1)
-			return State{Gen: gen, Level: LevelCache}, nil
+			return State{Gen: gen, Level: LevelCache}, true
 		}
-		return State{Rec: n.withBytes(rec), Exists: true, Gen: gen, Level: LevelCache}, nil
+		return State{Rec: n.withBytes(rec), Exists: true, Gen: gen, Level: LevelCache}, true
+	}
+	if st, ok := cached(); ok {
+		return st, nil
+	}
+	dir, _ := splitPath(path)
+	now := time.Now()
+	if n.holder.wantListing(dir, now) {
+		// Paths keep missing here: the listing answers the next ones.
+		if _, ok, _ := n.readListing(ctx, dir); ok {
+			if st, ok := cached(); ok {
+				return st, nil
+			}
+		}
 	}
 	a := n.ask(ctx, path, 0, false)
 	if a.answered {
 		l.hits[LevelHome].Add(1)
 		if !a.exists {
 			l.misses.Add(1)
+			n.holder.noteMiss(dir, now)
 			return State{Gen: a.gen, Level: LevelHome}, nil
 		}
 		return State{Rec: a.rec, Exists: true, Gen: a.rec.Generation, Level: LevelHome}, nil
@@ -324,6 +342,9 @@ func (l *Locator) State(ctx context.Context, path string) (State, error) {
 	keep := a.endFlight()
 	if exists := err == nil; exists || errors.Is(err, ErrNotFound) {
 		n.holder.learn(path, rec, exists, rec.Generation, a.promise, a.registered && keep)
+	}
+	if errors.Is(err, ErrNotFound) {
+		n.holder.noteMiss(dir, now)
 	}
 	return l.stateFromStore(rec, err, n)
 }
@@ -383,7 +404,7 @@ func (l *Locator) List(ctx context.Context, dir, after string, limit int) ([]Rec
 		if recs, ok := n.holder.listing(dir); ok {
 			return page(recs, after, limit), nil
 		}
-		if after == "" {
+		if after == "" && n.holder.listable(dir, time.Now()) {
 			if recs, ok, err := n.readListing(ctx, dir); err != nil || ok {
 				return page(recs, after, limit), err
 			}
@@ -445,6 +466,7 @@ func (n *notices) readListing(ctx context.Context, dir string) ([]Record, bool, 
 	}
 	broken := n.holder.endFlight(key)
 	if len(recs) > maxListing {
+		n.holder.foundTooLarge(dir, time.Now())
 		return nil, false, nil
 	}
 	if err == nil && !broken {

@@ -121,9 +121,10 @@ type notice struct {
 	Publish uint64 `json:"pn,omitempty"`
 	// Sync: reply once every holder was told.
 	Sync bool `json:"sync,omitempty"`
-	// Listing: a break also ends the holder's promise on the listing of
-	// the path's directory.
-	Listing bool `json:"ls,omitempty"`
+	// Listing: the holder holds the listing of the path's directory,
+	// which the change is part of; ListingEnded: that promise ends.
+	Listing      bool `json:"ls,omitempty"`
+	ListingEnded bool `json:"lse,omitempty"`
 	// Held: the home keeps the node a break goes to as a holder of the
 	// path (its promise is renewed); without, it only held the listing.
 	Held bool `json:"held,omitempty"`
@@ -548,9 +549,9 @@ func (l *Locator) HandleMessage(ctx context.Context, from string, msg []byte) ([
 			if rec.Path != in.Path || !inlineFits(rec) {
 				return nil, fmt.Errorf("bad notice: a break of %s with record %+v", in.Path, *in.Rec)
 			}
-			n.holder.broken(from, in.Path, &rec, 0, in.Listing, in.Held)
+			n.holder.broken(from, in.Path, &rec, 0, in.Listing, in.ListingEnded, in.Held)
 		} else {
-			n.holder.broken(from, in.Path, nil, in.Gen, in.Listing, in.Held)
+			n.holder.broken(from, in.Path, nil, in.Gen, in.Listing, in.ListingEnded, in.Held)
 		}
 		return nil, nil
 	}

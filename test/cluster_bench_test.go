@@ -40,6 +40,20 @@ func BenchmarkCluster(b *testing.B) {
 	c := newCluster(b, 2)
 	a, n := c.nodes[0], c.nodes[1]
 
+	if os.Getenv(benchRowsEnv) == "compare" {
+		// Only the rows every release has: scripts/bench.sh compare
+		// runs them with each binary in turn.
+		small := e2e(b, a, n, "small", 1000, 4096, false)
+		add(benchRow{name: "dyadfs: 1,000 x 4 KiB pipelined", unit: "files/s", value: small.filesPerSec()})
+		lock := e2e(b, a, n, "lockstep", 1000, 4096, true)
+		add(benchRow{name: "dyadfs: 4 KiB latency p50 (etcd on tmpfs)", unit: "us", value: lock.percentile(0.5)})
+		add(benchRow{name: "dyadfs: 4 KiB latency p99 (etcd on tmpfs)", unit: "us", value: lock.percentile(0.99)})
+		large := e2e(b, a, n, "large", 20, 64<<20, false)
+		add(benchRow{name: "dyadfs: 20 x 64 MiB pipelined", unit: "MB/s", value: large.mbPerSec()})
+		printRows(rows)
+		return
+	}
+
 	iperf := iperf3(b, a, n)
 	add(benchRow{name: "network: iperf3 single stream", unit: "Gbit/s", value: iperf})
 	rtt := tcpRTT(b, a, n)
@@ -62,6 +76,9 @@ func BenchmarkCluster(b *testing.B) {
 	for _, lv := range locateBench(b, n) {
 		add(lv)
 	}
+	for _, r := range namespaceBench(b, a, n) {
+		add(r)
+	}
 
 	// Backing directories on tmpfs: node-local storage without a disk.
 	ct := newClusterWith(b, clusterOptions{nodes: 2, backingOnTmpfs: true})
@@ -77,6 +94,15 @@ func BenchmarkCluster(b *testing.B) {
 	add(benchRow{name: "dyadfs: 4 KiB latency p50 (etcd on disk)", unit: "us", value: diskLock.percentile(0.5)})
 	add(benchRow{name: "dyadfs: 4 KiB latency p99 (etcd on disk)", unit: "us", value: diskLock.percentile(0.99)})
 
+	printRows(rows)
+}
+
+// benchRowsEnv, set to "compare", limits BenchmarkCluster to the rows that
+// every release has.
+const benchRowsEnv = "DYADFS_BENCH_ROWS"
+
+// printRows prints the table scripts/bench.sh shows.
+func printRows(rows []benchRow) {
 	fmt.Println()
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "figure\tunit\tvalue\tratio\ttarget\t")
@@ -429,6 +455,7 @@ func init() {
 		defer store.Close()
 		cfg := hfl.DefaultLocatorConfig()
 		cfg.Namespace = args[1]
+		cfg.SingleNode = true // the levels, not the namespace's promises
 		loc, err := hfl.NewLocator(cfg, store, nil)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)

@@ -30,6 +30,9 @@ var (
 	skipReason string // why these tests cannot run here, if they cannot
 )
 
+// binEnv names a dyadfs binary to test instead of building this tree's.
+const binEnv = "DYADFS_TEST_BIN"
+
 // bound caps every wait in these tests; a test that reaches it has found a
 // hang, not a slow machine.
 const bound = 60 * time.Second
@@ -45,7 +48,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	os.Chmod(dir, 0o755) // tests run the binary as other users too
-	if skipReason == "" {
+	if bin := os.Getenv(binEnv); skipReason == "" && bin != "" {
+		// A binary built elsewhere: scripts/bench.sh compares releases.
+		dyadfsBin = bin
+		unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+	} else if skipReason == "" {
 		dyadfsBin = filepath.Join(dir, "dyadfs")
 		args := []string{"build", "-o", dyadfsBin}
 		if raceEnabled {
