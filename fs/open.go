@@ -192,7 +192,7 @@ func (h *writeHandle) Flush(ctx context.Context) syscall.Errno {
 	}
 	h.claimed.Store(true)
 	rel := h.rel()
-	if err := h.fsys.dmd.Claim(ctx, rel, h.prev); err != nil {
+	if err := h.fsys.dmd.Claim(ctx, rel, h.prev, callerTid(ctx)); err != nil {
 		// The new version is published at release, or retried: the
 		// close itself did not fail.
 		h.fsys.log.Warn("cannot tell the job of a rewrite before close returned", "path", rel, "err", err)

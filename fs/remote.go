@@ -200,12 +200,23 @@ func (fsys *FS) forget(rel string) {
 	go fsys.forgetNow(rel)
 }
 
-// forgetNow drops the kernel's entry of rel, if it has one.
+// forgetNow drops the kernel's entry of rel, if it has one: go-fuse knows
+// every entry the kernel looked up; placeholders are never cached.
 func (fsys *FS) forgetNow(rel string) {
 	dir, name := path.Split(rel)
-	if parent := fsys.inodeOf(dir); parent != nil {
-		parent.NotifyEntry(name)
+	parent := fsys.inodeOf(dir)
+	if parent == nil {
+		return
 	}
+	ch := parent.GetChild(name)
+	if ch == nil {
+		return
+	}
+	switch ch.Operations().(type) {
+	case *pendingFile, *pendingDir:
+		return
+	}
+	parent.NotifyEntry(name)
 }
 
 // inodeOf returns the inode of directory rel, if the kernel knows it.

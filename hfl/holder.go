@@ -40,6 +40,20 @@ type known struct {
 type knownListing struct {
 	p    promise
 	recs map[string]Record // by name
+	// sorted is recs in name order, made when a listing is read and
+	// dropped when an entry changes.
+	sorted []Record
+}
+
+// set changes one entry of the listing.
+func (l *knownListing) set(name string, rec Record, exists bool) {
+	if exists {
+		rec.Inline = nil
+		l.recs[name] = rec
+	} else {
+		delete(l.recs, name)
+	}
+	l.sorted = nil
 }
 
 type holderSide struct {
@@ -144,7 +158,8 @@ func (s *holderSide) holds(p string) bool {
 	return k != nil && s.validLocked(&k.p, dir, time.Now())
 }
 
-// listing returns the listing of dir under a promise that holds.
+// listing returns the listing of dir, in name order, under a promise that
+// holds. The slice is shared: callers do not change it.
 func (s *holderSide) listing(dir string) ([]Record, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -152,12 +167,23 @@ func (s *holderSide) listing(dir string) ([]Record, bool) {
 	if l == nil || !s.validLocked(&l.p, dir, time.Now()) {
 		return nil, false
 	}
-	out := make([]Record, 0, len(l.recs))
-	for _, rec := range l.recs {
-		out = append(out, rec)
+	if l.sorted == nil {
+		l.sorted = make([]Record, 0, len(l.recs))
+		for _, rec := range l.recs {
+			l.sorted = append(l.sorted, rec)
+		}
+		sort.Slice(l.sorted, func(i, j int) bool { return l.sorted[i].Path < l.sorted[j].Path })
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
-	return out, true
+	return l.sorted, true
+}
+
+// holdsListing reports whether this node holds the listing of dir under a
+// promise that holds.
+func (s *holderSide) holdsListing(dir string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.lists[dir]
+	return l != nil && s.validLocked(&l.p, dir, time.Now())
 }
 
 // startFlight notes a question about p (a path, or a directory's listing
@@ -242,12 +268,7 @@ func (s *holderSide) addToListing(rec Record, exists bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if l := s.lists[dir]; l != nil {
-		if exists {
-			rec.Inline = nil
-			l.recs[name] = rec
-		} else {
-			delete(l.recs, name)
-		}
+		l.set(name, rec, exists)
 	}
 }
 
@@ -342,13 +363,7 @@ func (s *holderSide) broken(from, p string, rec *Record, gen uint64, listing, en
 		// renewed; otherwise it was not counted among them (its promise
 		// there ran out first), and the listing's own promise says how
 		// long the rest holds.
-		if exists {
-			st := state
-			st.Inline = nil
-			l.recs[name] = st
-		} else {
-			delete(l.recs, name)
-		}
+		l.set(name, state, exists)
 		if listing {
 			l.p = promise{home: m, epoch: epoch, expires: now.Add(n.t.promiseTTL - n.t.promiseMargin)}
 		}

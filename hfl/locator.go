@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -421,11 +422,20 @@ func (l *Locator) List(ctx context.Context, dir, after string, limit int) ([]Rec
 func page(recs []Record, after string, limit int) []Record {
 	i := 0
 	if after != "" {
-		for i < len(recs) && recs[i].Name() <= after {
-			i++
-		}
+		i = sort.Search(len(recs), func(i int) bool { return recs[i].Name() > after })
 	}
 	return recs[i:min(len(recs), i+limit)]
+}
+
+// HoldListing makes sure this node holds the listing of directory dir
+// (clean, "" for the top), reading it if need be: creates there are then
+// answered here. A directory too large to keep is not read.
+func (l *Locator) HoldListing(ctx context.Context, dir string) {
+	n := l.notices.Load()
+	if n == nil || n.holder.holdsListing(dir) || !n.holder.listable(dir, time.Now()) {
+		return
+	}
+	n.readListing(ctx, dir)
 }
 
 // readListing reads the whole listing of dir from the store, after
@@ -769,7 +779,12 @@ func (n *notices) deliver(ctx context.Context, msg notice, p string, rec Record,
 			// promises until it leaves the members: wait for that.
 			n.homeWaits.Add(1)
 			n.log.Warn("the home of a path cannot be reached; waiting for it to leave the members", "path", p, "home", home.Node, "err", err)
-			n.awaitGone(ctx, home)
+			if !n.awaitGone(ctx, home) {
+				if ctx.Err() == nil {
+					n.log.Error("the home of a path could not be told of a change; nodes that hold the path may not see it until their promises run out", "path", p, "home", home.Node)
+				}
+				return
+			}
 			continue
 		}
 		pause := time.NewTimer(n.t.retry << min(attempt, 4))
@@ -784,14 +799,21 @@ func (n *notices) deliver(ctx context.Context, msg notice, p string, rec Record,
 
 // awaitGone waits until m is no longer a member (in this node's view, read
 // again every membersRetry) and every other node read the members since,
-// or until ctx ends or m answers again.
-func (n *notices) awaitGone(ctx context.Context, m Member) {
+// or until ctx ends. It gives up, reporting false, after promiseTTL plus a
+// refresh: a home that stays a member but cannot be reached from here (a
+// partition) may never leave, and the promises it made hold at most that
+// long unless their holders renew them there.
+func (n *notices) awaitGone(ctx context.Context, m Member) bool {
 	t := time.NewTicker(n.t.retry)
 	defer t.Stop()
+	limit := time.NewTimer(n.t.promiseTTL + n.t.refresh)
+	defer limit.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return false
+		case <-limit.C:
+			return false
 		case <-t.C:
 		}
 		rctx, cancel := context.WithTimeout(ctx, n.t.timeout)
@@ -809,7 +831,7 @@ func (n *notices) awaitGone(ctx context.Context, m Member) {
 			case <-ctx.Done():
 				wait.Stop()
 			}
-			return
+			return true
 		}
 	}
 }

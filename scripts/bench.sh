@@ -7,6 +7,10 @@
 #   scripts/bench.sh single [ARGS]   # one node: dyadfs against its backing filesystem;
 #                                    # ARGS go to the driver, e.g. -seq-bytes 1073741824
 #   scripts/bench.sh cluster         # two nodes over veth: network, disk, dyadfs end to end
+#   scripts/bench.sh compare OLD NEW [ROUNDS]
+#                                    # two dyadfs binaries, alternating (ROUNDS each, 3 by
+#                                    # default): the rows every release has, on two nodes
+#                                    # and on one (small-file creates)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -20,6 +24,37 @@ echo "disk: $(df -T /var/tmp | awk 'NR==2 {print $1, $2}')"
 # The cluster part runs first: the single-node part frees tens of thousands
 # of inodes, and for half a minute after that an ext4 without a journal
 # allocates inodes slowly (it skips recently deleted ones one by one).
+if [[ $what == compare ]]; then
+	old=${1:?usage: scripts/bench.sh compare OLD-BINARY NEW-BINARY [ROUNDS]}
+	new=${2:?usage: scripts/bench.sh compare OLD-BINARY NEW-BINARY [ROUNDS]}
+	rounds=${3:-3}
+	tmp=$(mktemp -d /var/tmp/dyadfs-bench-XXXXXX)
+	trap 'rm -rf "$tmp"' EXIT
+	go test -c -o "$tmp/test.bin" ./test/
+	go build -o "$tmp/bench.bin" ./scripts/bench
+	measure() {
+		(cd test && TMPDIR=$tmp DYADFS_TEST_BIN=$(realpath "$1") DYADFS_BENCH_ROWS=compare \
+			"$tmp/test.bin" -test.run '^$' -test.bench '^BenchmarkCluster$' -test.benchtime 1x -test.timeout 30m 2>/dev/null) |
+			sed -n '/^ *figure/,/^$/p'
+		"$tmp/bench.bin" -dyadfs "$1" -dir /var/tmp -seq-bytes 67108864 -wakes 200 | grep -E '^ *figure|create|wake'
+	}
+	# A first run warms up the machine and is not shown: the first run
+	# after a quiet while is the fastest (no recently freed inodes). The
+	# order then alternates (old new, new old, ...), so that neither
+	# binary always runs first.
+	measure "$new" >/dev/null
+	for round in $(seq 1 "$rounds"); do
+		order=("$old" "$new")
+		((round % 2 == 0)) && order=("$new" "$old")
+		for bin in "${order[@]}"; do
+			echo
+			echo "== round $round: $bin"
+			measure "$bin"
+		done
+	done
+	exit 0
+fi
+
 if [[ $what == all || $what == cluster ]]; then
 	echo
 	echo "== two nodes over veth"

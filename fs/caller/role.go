@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 )
 
 // Who waits. A read-only open of a path that does not exist waits for it
@@ -48,21 +50,70 @@ const (
 // maxEnviron bounds what is read of a process's environment.
 const maxEnviron = 256 << 10
 
+// environBufs keeps the buffers environments are read into: every open of
+// a missing path reads one, and a fresh buffer each time would keep the
+// garbage collector busy.
+var environBufs = sync.Pool{New: func() any { b := make([]byte, maxEnviron); return &b }}
+
 // RoleOf reads, from the environment of thread tid's process, what it said
 // about waiting for target (an absolute path). A process whose environment
 // cannot be read said nothing.
 func RoleOf(tid uint32, target string) Role {
-	buf := make([]byte, maxEnviron)
+	env, cwd := roles.get(tid)
+	return decideRole(env, cwd, target)
+}
+
+// roleTTL is how long what a thread's environment says is kept: a
+// consumer opens one missing path after another, and its environment does
+// not change.
+const roleTTL = time.Second
+
+// roleCache keeps the variables of interest (and the working directory)
+// of recently seen threads.
+type roleCache struct {
+	mu sync.Mutex
+	m  map[uint32]roleEntry
+}
+
+type roleEntry struct {
+	env map[string]string
+	cwd string
+	at  time.Time
+}
+
+var roles = roleCache{m: make(map[uint32]roleEntry)}
+
+func (c *roleCache) get(tid uint32) (map[string]string, string) {
+	now := time.Now()
+	c.mu.Lock()
+	e, ok := c.m[tid]
+	c.mu.Unlock()
+	if ok && now.Sub(e.at) < roleTTL {
+		return e.env, e.cwd
+	}
+	e = roleEntry{env: readEnviron(tid), at: now}
+	if len(e.env) > 0 {
+		e.cwd, _ = os.Readlink("/proc/" + strconv.FormatUint(uint64(tid), 10) + "/cwd")
+	}
+	c.mu.Lock()
+	if len(c.m) >= 1024 {
+		clear(c.m)
+	}
+	c.m[tid] = e
+	c.mu.Unlock()
+	return e.env, e.cwd
+}
+
+// readEnviron returns the variables of interest of thread tid's process.
+func readEnviron(tid uint32) map[string]string {
+	bp := environBufs.Get().(*[]byte)
+	defer environBufs.Put(bp)
+	buf := *bp
 	n, err := procFiles.read(tid, "environ", buf, 0)
 	if err != nil || n == 0 {
-		return RoleDefault
+		return nil
 	}
-	env := parseEnviron(buf[:n])
-	var cwd string
-	if len(env) > 0 {
-		cwd, _ = os.Readlink("/proc/" + strconv.FormatUint(uint64(tid), 10) + "/cwd")
-	}
-	return decideRole(env, cwd, target)
+	return parseEnviron(buf[:n])
 }
 
 // parseEnviron returns the variables of interest from NUL-separated

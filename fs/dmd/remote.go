@@ -142,15 +142,19 @@ func (d *DMD) joinWriters(rel string, flags int, tid uint32, rec hfl.Record) (*W
 	return w, f, rec, nil
 }
 
-// Claim tells the job that this node rewrites rel, which was published as
-// prev (zero: look it up): rel's record names this node as its writer, and
+// Claim tells the job that thread tid's process rewrites rel, which was
+// published as prev (zero: look it up): rel's record names this node as its writer, and
 // every node that held a copy drops it before Claim returns. Opens that
 // start afterwards anywhere wait for this node's publish of the new
 // version (close-to-open).
-func (d *DMD) Claim(ctx context.Context, rel string, prev hfl.Record) error {
+func (d *DMD) Claim(ctx context.Context, rel string, prev hfl.Record, tid uint32) error {
 	if d.solo() {
 		return nil
 	}
+	// A close that waits to tell the others (a home that does not answer)
+	// is listed with the opens that wait.
+	done, _ := d.startWait(rel, tid, "rewrite told")
+	defer done()
 	if prev.Path == "" {
 		rec, ok := d.PublishedAs(ctx, rel)
 		if !ok {

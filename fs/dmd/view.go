@@ -183,7 +183,7 @@ func (d *DMD) Entry(ctx context.Context, rel string, creating bool) (hfl.Record,
 	}
 	if creating {
 		dir, _ := path.Split(rel)
-		d.loc.List(ctx, strings.TrimSuffix(dir, "/"), "", 1) // a failure only costs a question
+		d.loc.HoldListing(ctx, strings.TrimSuffix(dir, "/")) // a failure only costs a question
 	}
 	rec, _, err := d.loc.Record(ctx, rel)
 	if errors.Is(err, hfl.ErrNotFound) {
@@ -265,7 +265,7 @@ func (d *DMD) currentHere(ctx context.Context, rel string, st *syscall.Stat_t) b
 	case rec.Owner == d.cfg.Node:
 		return true
 	}
-	if _, gen, ok := publishedMark(d.BackingPath(rel)); ok && rec.Generation < gen {
+	if d.ownNewer(rel, rec) {
 		return true // what this node knows is older than its own publish
 	}
 	d.supersede(rel, rec)
@@ -378,19 +378,20 @@ func (d *DMD) Invalidated(rel string, rec hfl.Record, exists bool) {
 	busy := d.busy[IDOf(&st)] != nil || d.creating[rel] > 0 || d.releasing[rel] > 0 || publishing
 	c, isCopy := d.copies[rel]
 	d.mu.Unlock()
-	_, ownGen, marked := publishedMark(d.BackingPath(rel))
 	switch {
 	case busy:
 		return
-	case !isCopy && marked && exists && rec.Generation < ownGen:
+	case !isCopy && exists && rec.Owner != d.cfg.Node && d.ownNewer(rel, rec):
 		return // told late: this node's own version is newer
 	case isCopy && exists && rec.Generation < c.gen:
 		return // told late: the copy is newer
 	case isCopy && exists && copyIsOf(c, rec, &st):
 		if c.gen == 0 && rec.Generation != 0 {
 			// Fetched while its publish was being committed: it is
-			// that version.
-			d.relabelCopy(rel, c.owner, rec.Generation)
+			// that version. (Its mark on disk keeps generation 0,
+			// which a restarted daemon checks by owner, size and
+			// mtime.)
+			d.noteCopy(rel, copyInfo{owner: c.owner, gen: rec.Generation})
 		}
 		return
 	case isCopy:
@@ -410,18 +411,11 @@ func (d *DMD) Invalidated(rel string, rec hfl.Record, exists bool) {
 	d.notify(rel)
 }
 
-// relabelCopy marks the copy at rel as generation gen of owner's file.
-func (d *DMD) relabelCopy(rel, owner string, gen uint64) {
-	d.noteCopy(rel, copyInfo{owner: owner, gen: gen})
-	if !d.markers {
-		return
-	}
-	f, err := d.OpenBeneath(rel, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK)
-	if err != nil {
-		return
-	}
-	defer f.Close()
-	d.MarkReplica(f, owner, gen)
+// ownNewer reports whether this node's own file at rel was published at a
+// generation newer than rec's (its mark says so).
+func (d *DMD) ownNewer(rel string, rec hfl.Record) bool {
+	_, gen, ok := publishedMark(d.BackingPath(rel))
+	return ok && rec.Generation < gen
 }
 
 // ShadowDir makes, in the backing directory, the directory rel that the

@@ -19,7 +19,9 @@ type Waiter struct {
 	Command string `json:"command"`
 	// For says what it waits for: "publish" (the path is published nowhere
 	// yet, or is being rewritten elsewhere), "writer" (a writer on this
-	// node has the file open), "fetch" (the file is on its way here).
+	// node has the file open), "fetch" (the file is on its way here);
+	// "rewrite told" is a close telling the nodes that hold the file of
+	// its rewrite.
 	For     string  `json:"for"`
 	Seconds float64 `json:"waited_seconds"`
 }
@@ -32,8 +34,23 @@ type waiters struct {
 
 type waiting struct {
 	w     Waiter
+	tid   uint32 // whose process and command are read when shown
+	named bool
 	since time.Time
 	timer *time.Timer
+}
+
+// shown returns the waiter as shown, its process named (read once, when
+// first shown: most waits end before anyone looks). ws.mu must be held.
+func (w *waiting) shown() Waiter {
+	if !w.named && w.tid != 0 {
+		w.w.Pid = processOf(w.tid)
+		w.w.Command = caller.Comm(w.tid)
+		w.named = true
+	}
+	info := w.w
+	info.Seconds = time.Since(w.since).Seconds()
+	return info
 }
 
 // startWait lists a wait for rel by thread tid (0: not a request) and
@@ -41,11 +58,7 @@ type waiting struct {
 // for now.
 func (d *DMD) startWait(rel string, tid uint32, what string) (done func(), now func(string)) {
 	ws := &d.waiters
-	w := &waiting{w: Waiter{Path: rel, For: what}, since: time.Now()}
-	if tid != 0 {
-		w.w.Pid = processOf(tid)
-		w.w.Command = caller.Comm(tid)
-	}
+	w := &waiting{w: Waiter{Path: rel, For: what}, tid: tid, since: time.Now()}
 	ws.mu.Lock()
 	if ws.m == nil {
 		ws.m = make(map[uint64]*waiting)
@@ -60,7 +73,7 @@ func (d *DMD) startWait(rel string, tid uint32, what string) (done func(), now f
 	}
 	w.timer = time.AfterFunc(after, func() {
 		ws.mu.Lock()
-		info := w.w
+		info := w.shown()
 		ws.mu.Unlock()
 		d.log.Warn("an open has been waiting long", "path", info.Path, "pid", info.Pid, "command", info.Command,
 			"for", info.For, "waited", time.Since(w.since).Round(time.Second))
@@ -85,9 +98,7 @@ func (d *DMD) Waiters() []Waiter {
 	ws.mu.Lock()
 	out := make([]Waiter, 0, len(ws.m))
 	for _, w := range ws.m {
-		info := w.w
-		info.Seconds = time.Since(w.since).Seconds()
-		out = append(out, info)
+		out = append(out, w.shown())
 	}
 	ws.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Seconds > out[j].Seconds })

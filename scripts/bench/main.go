@@ -360,6 +360,11 @@ func wakeLatency(mnt string, n int) ([]float64, error) {
 		errc := make(chan error, 1)
 		go func() {
 			fd, err := syscall.Open(p, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+			for errors.Is(err, syscall.EINTR) {
+				// The Go runtime's preemption signal interrupted the
+				// wait: open again, as a C program's SA_RESTART would.
+				fd, err = syscall.Open(p, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+			}
 			t := time.Now()
 			if err != nil {
 				errc <- err
