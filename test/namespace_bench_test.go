@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dyadfs/dyadfs/fs"
 )
 
 // The namespace's figures (see BenchmarkCluster): what a stat of a file
@@ -27,7 +29,15 @@ import (
 func namespaceBench(b testing.TB, a, n *node) []benchRow {
 	var rows []benchRow
 	const files = 1000
-	a.mustSh(fmt.Sprintf("mkdir statdir && for i in $(seq 0 %d); do printf x > statdir/f$i; done", files-1))
+	// Files are published right after their last close, asynchronously:
+	// each row starts once the producer has published everything.
+	produce := func(script string, count int) {
+		b.Helper()
+		before := a.status().DMD.Publishes
+		a.mustSh(script)
+		a.waitStatus("published", func(st fs.Status) bool { return st.DMD.Publishes >= before+uint64(count) })
+	}
+	produce(fmt.Sprintf("mkdir statdir && for i in $(seq 0 %d); do printf x > statdir/f$i; done", files-1), files+1)
 	st := statBench(b, n, filepath.Join(n.c.mnt, "statdir"), files)
 	rows = append(rows,
 		benchRow{name: "stat of a file published elsewhere, first, p50", unit: "us", value: pct(st["first"], 0.5)},
@@ -39,7 +49,7 @@ func namespaceBench(b testing.TB, a, n *node) []benchRow {
 	)
 
 	const big = 10000
-	a.mustSh(fmt.Sprintf("mkdir big && cd big && for i in $(seq 1 %d); do : > f$i; done", big))
+	produce(fmt.Sprintf("mkdir big && cd big && for i in $(seq 1 %d); do : > f$i; done", big), big+1)
 	// Each listed once on its producer (as ls after writing them) and
 	// once on the consumer, which never saw the directory.
 	producerLs := lsTime(b, a, "big", big)
