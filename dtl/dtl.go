@@ -91,16 +91,21 @@ type Messenger interface {
 	// ErrUnavailable when the peer cannot be reached, ctx's error.
 	// A message longer than MaxMessage is not sent.
 	Message(ctx context.Context, addr, node string, msg []byte) ([]byte, error)
-	// HandleMessages sets the function that answers peers' messages; from is
-	// the node id the peer announced in its authenticated handshake. It must
-	// be called before Serve. The handler must not block for long: it runs on
-	// the connection's goroutine. A returned error reaches the sender as a
-	// *RemoteError: for ErrRefused, or for whichever of the Err* values a
-	// Source returns (ErrNotFound, ...) the error Is. A reply longer than
-	// MaxMessage is refused (ErrRefused) in its place. msg is valid only
-	// until the handler returns; ctx ends when the transport closes, and
-	// Close waits for handlers to return.
-	HandleMessages(h func(ctx context.Context, from string, msg []byte) ([]byte, error))
+}
+
+// MessageHandler answers peers' messages. A Source that is also a
+// MessageHandler answers the messages its transport receives, if the
+// transport is a Messenger; otherwise they are refused (ErrRefused).
+type MessageHandler interface {
+	// HandleMessage answers msg from node from, the node id the peer
+	// announced in its authenticated handshake. It must not block for
+	// long: it runs on the connection's goroutine. A returned error
+	// reaches the sender as a *RemoteError: for ErrRefused, or for
+	// whichever of the Err* values a Source returns (ErrNotFound, ...)
+	// the error Is. A reply longer than MaxMessage is refused (ErrRefused)
+	// in its place. msg is valid only until the handler returns; ctx ends
+	// when the transport closes, and Close waits for handlers to return.
+	HandleMessage(ctx context.Context, from string, msg []byte) ([]byte, error)
 }
 
 // Config is what every backend is configured with.

@@ -12,25 +12,44 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/dyadfs/dyadfs/hfl"
 )
+
+// Version names one published version of a file: what a consumer fetches.
+type Version struct {
+	// Path is clean and relative to the managed directory.
+	Path string
+	// Owner is the node whose daemon serves the file.
+	Owner string
+	// Info is what the publish said of the file, with its generation in
+	// the global store.
+	Info FileInfo
+	// Inline is the file's content when the notice of its publish carried
+	// it (a small file), or nil.
+	Inline []byte
+}
+
+// Peer is where a node's daemon listens, and with which transport.
+type Peer struct {
+	Transport string
+	Addr      string
+}
 
 // Owners tells where a node's daemon listens, and whether it runs at all.
 type Owners interface {
-	// Member returns node's registration, or an error wrapping
-	// hfl.ErrNotRunning when its daemon is gone.
-	Member(ctx context.Context, node string) (hfl.Member, error)
+	// Peer returns node's address, or an error wrapping ErrOwnerGone
+	// when its daemon is not running.
+	Peer(ctx context.Context, node string) (Peer, error)
 }
 
 // Destination is where fetched files go: the consumer's managed directory.
 type Destination interface {
 	// Present reports whether path is complete here already.
 	Present(ctx context.Context, path string) bool
-	// Install moves tmp, a complete and verified copy of rec's file, to
-	// rec.Path. It never replaces anything: if something is there already
-	// it fails with an error matching fs.ErrExist.
-	Install(tmp *os.File, rec hfl.Record) error
+	// Install moves tmp, a complete and verified copy of v's file, to
+	// v.Path. v.Info is what the owner sent: the version asked for or a
+	// newer one. It never replaces anything: if something is
+	// there already it fails with an error matching fs.ErrExist.
+	Install(tmp *os.File, v Version) error
 }
 
 // FetcherConfig configures a Fetcher.
@@ -103,7 +122,7 @@ type fetchCall struct {
 }
 
 type cachedOwner struct {
-	m  hfl.Member
+	p  Peer
 	at time.Time
 }
 
@@ -139,7 +158,7 @@ func (f *Fetcher) Close() error {
 // Fetch makes rec.Path complete at its place in the destination. Concurrent
 // calls for the same path share one transfer; each returns when it ends or
 // its own ctx does.
-func (f *Fetcher) Fetch(ctx context.Context, rec hfl.Record) error {
+func (f *Fetcher) Fetch(ctx context.Context, rec Version) error {
 	f.mu.Lock()
 	call, joined := f.inflight[rec.Path]
 	if !joined {
@@ -161,7 +180,7 @@ func (f *Fetcher) Fetch(ctx context.Context, rec hfl.Record) error {
 }
 
 // run is one transfer, for everyone waiting for rec.Path.
-func (f *Fetcher) run(call *fetchCall, rec hfl.Record) {
+func (f *Fetcher) run(call *fetchCall, rec Version) {
 	defer f.wg.Done()
 	// A transfer that just finished may have brought it already.
 	if !f.cfg.Dest.Present(f.ctx, rec.Path) {
@@ -180,17 +199,17 @@ func (f *Fetcher) run(call *fetchCall, rec hfl.Record) {
 
 // transfer fetches with retries until it succeeds, fails for good, has
 // failed for longer than the timeout, or ctx ends.
-func (f *Fetcher) transfer(ctx context.Context, rec hfl.Record) error {
+func (f *Fetcher) transfer(ctx context.Context, rec Version) error {
 	pause := 20 * time.Millisecond
 	var failingSince time.Time
 	var last error
 	for attempt := 0; ; attempt++ {
 		m, err := f.owner(ctx, rec.Owner, attempt > 0)
-		if errors.Is(err, hfl.ErrNotRunning) {
+		if errors.Is(err, ErrOwnerGone) {
 			if last != nil {
-				return fmt.Errorf("%w (%v; last attempt: %v)", ErrOwnerGone, err, last)
+				return fmt.Errorf("%w (last attempt: %w)", err, last)
 			}
-			return fmt.Errorf("%w: %v", ErrOwnerGone, err)
+			return err
 		}
 		if err == nil && m.Transport != "" && m.Transport != f.cfg.TransportName {
 			return fmt.Errorf("owner %s uses the %s transport, this node %s", rec.Owner, m.Transport, f.cfg.TransportName)
@@ -203,7 +222,7 @@ func (f *Fetcher) transfer(ctx context.Context, rec hfl.Record) error {
 			var re *RemoteError
 			switch {
 			case errors.Is(err, ErrNotFound), errors.Is(err, ErrNotPublished), errors.Is(err, ErrBusy):
-				return fmt.Errorf("%w: %v", ErrStale, err)
+				return fmt.Errorf("%w: %w", ErrStale, err)
 			case errors.As(err, &re), errors.Is(err, ErrProtocol):
 				return err // refused for good (outside, unauthorized) or broken peer
 			case errors.Is(err, net.ErrClosed) && ctx.Err() == nil && f.ctx.Err() != nil:
@@ -229,17 +248,17 @@ func (f *Fetcher) transfer(ctx context.Context, rec hfl.Record) error {
 }
 
 // owner returns node's registration, from the cache unless fresh.
-func (f *Fetcher) owner(ctx context.Context, node string, fresh bool) (hfl.Member, error) {
+func (f *Fetcher) owner(ctx context.Context, node string, fresh bool) (Peer, error) {
 	f.mu.Lock()
 	c, ok := f.owners[node]
 	f.mu.Unlock()
 	if ok && !fresh && time.Since(c.at) < ownerCacheTTL {
-		return c.m, nil
+		return c.p, nil
 	}
-	m, err := f.cfg.Owners.Member(ctx, node)
+	m, err := f.cfg.Owners.Peer(ctx, node)
 	f.mu.Lock()
 	if err == nil {
-		f.owners[node] = cachedOwner{m: m, at: time.Now()}
+		f.owners[node] = cachedOwner{p: m, at: time.Now()}
 	} else {
 		delete(f.owners, node)
 	}
@@ -249,15 +268,13 @@ func (f *Fetcher) owner(ctx context.Context, node string, fresh bool) (hfl.Membe
 
 // fromNotice installs rec's file from the bytes its notice carried. It
 // reports whether it did; if not, a transfer brings the file.
-func (f *Fetcher) fromNotice(rec hfl.Record) bool {
-	in := rec.Inline
-	if int64(len(in.Data)) != rec.Size {
+func (f *Fetcher) fromNotice(rec Version) bool {
+	if int64(len(rec.Inline)) != rec.Info.Size {
 		return false
 	}
-	info := FileInfo{Size: rec.Size, Mode: rec.Mode, Uid: rec.Uid, Gid: rec.Gid, MtimeNs: rec.MtimeNs, Generation: rec.Generation}
 	installed, err := f.install(rec, func(tmp *os.File) (FileInfo, error) {
-		_, err := tmp.Write(in.Data)
-		return info, err
+		_, err := tmp.Write(rec.Inline)
+		return rec.Info, err
 	})
 	if err != nil {
 		f.log.Debug("copy from a notice's bytes failed; fetching", "path", rec.Path, "err", err)
@@ -271,9 +288,9 @@ func (f *Fetcher) fromNotice(rec hfl.Record) bool {
 
 // once runs one transfer into a temporary file and, if it is complete,
 // installs it.
-func (f *Fetcher) once(ctx context.Context, addr string, rec hfl.Record) error {
+func (f *Fetcher) once(ctx context.Context, addr string, rec Version) error {
 	installed, err := f.install(rec, func(tmp *os.File) (FileInfo, error) {
-		return f.cfg.Transport.Fetch(ctx, addr, Request{Path: rec.Path, Generation: rec.Generation, Owner: rec.Owner}, tmp)
+		return f.cfg.Transport.Fetch(ctx, addr, Request{Path: rec.Path, Generation: rec.Info.Generation, Owner: rec.Owner}, tmp)
 	})
 	if installed {
 		f.stats.Transfers.Add(1)
@@ -285,7 +302,7 @@ func (f *Fetcher) once(ctx context.Context, addr string, rec hfl.Record) error {
 // verifies it, gives it the owner's attributes and installs it. It reports
 // whether it installed the file: it did not, without an error, if something
 // got there first.
-func (f *Fetcher) install(rec hfl.Record, fill func(tmp *os.File) (FileInfo, error)) (installed bool, err error) {
+func (f *Fetcher) install(rec Version, fill func(tmp *os.File) (FileInfo, error)) (installed bool, err error) {
 	tmp, err := f.temps.take()
 	if err != nil {
 		return false, fmt.Errorf("temporary file: %w", err)
@@ -317,9 +334,9 @@ func (f *Fetcher) install(rec hfl.Record, fill func(tmp *os.File) (FileInfo, err
 	if err := os.Chtimes(tmp.Name(), time.Time{}, time.Unix(0, info.MtimeNs)); err != nil {
 		return false, err
 	}
-	published := rec
-	published.Size, published.Mode, published.MtimeNs, published.Generation = info.Size, info.Mode, info.MtimeNs, info.Generation
-	err = f.cfg.Dest.Install(tmp, published)
+	got := rec
+	got.Info, got.Inline = info, nil
+	err = f.cfg.Dest.Install(tmp, got)
 	switch {
 	case errors.Is(err, fs.ErrExist):
 		// Something got there first (another transfer, a local

@@ -17,21 +17,20 @@ import (
 	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/dtl/dtltest"
 	"github.com/dyadfs/dyadfs/dtl/tcp"
-	"github.com/dyadfs/dyadfs/hfl"
 )
 
 // owners is a fixed membership for tests.
 type owners struct {
 	mu      sync.Mutex
-	members map[string]hfl.Member
+	members map[string]dtl.Peer
 }
 
-func (o *owners) Member(ctx context.Context, node string) (hfl.Member, error) {
+func (o *owners) Peer(ctx context.Context, node string) (dtl.Peer, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	m, ok := o.members[node]
 	if !ok {
-		return hfl.Member{}, fmt.Errorf("node %s: %w", node, hfl.ErrNotRunning)
+		return dtl.Peer{}, fmt.Errorf("node %s: %w", node, dtl.ErrOwnerGone)
 	}
 	return m, nil
 }
@@ -68,7 +67,7 @@ func newFixture(t *testing.T, timeout time.Duration) *fixture {
 	if err := server.Serve(src); err != nil {
 		t.Fatal(err)
 	}
-	fx := &fixture{src: src, owners: &owners{members: map[string]hfl.Member{"owner": {Node: "owner", Addr: server.Addr()}}}, dst: t.TempDir()}
+	fx := &fixture{src: src, owners: &owners{members: map[string]dtl.Peer{"owner": {Addr: server.Addr()}}}, dst: t.TempDir()}
 	tmp := filepath.Join(fx.dst, ".tmp")
 	os.Mkdir(tmp, 0o700)
 	f, err := dtl.NewFetcher(dtl.FetcherConfig{Transport: client, Owners: fx.owners, Dest: dirDest(fx.dst), TempDir: tmp, Timeout: timeout})
@@ -88,14 +87,14 @@ func (d dirDest) Present(ctx context.Context, p string) bool {
 	return err == nil
 }
 
-func (d dirDest) Install(tmp *os.File, rec hfl.Record) error {
+func (d dirDest) Install(tmp *os.File, rec dtl.Version) error {
 	dst := filepath.Join(string(d), rec.Path)
 	os.MkdirAll(filepath.Dir(dst), 0o755)
 	return unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
 }
 
-func (fx *fixture) rec(path string) hfl.Record {
-	return hfl.Record{Path: path, Owner: "owner", Generation: 1}
+func (fx *fixture) rec(path string) dtl.Version {
+	return dtl.Version{Path: path, Owner: "owner", Info: dtl.FileInfo{Generation: 1}}
 }
 
 func (fx *fixture) nothingLeft(t *testing.T, path string) {
@@ -178,7 +177,7 @@ func TestFetchDeadOwnerFailsAtOnce(t *testing.T) {
 
 func TestFetchUnreachableOwnerTimesOut(t *testing.T) {
 	fx := newFixture(t, 500*time.Millisecond)
-	fx.owners.members["owner"] = hfl.Member{Node: "owner", Addr: "127.0.0.1:1"}
+	fx.owners.members["owner"] = dtl.Peer{Addr: "127.0.0.1:1"}
 	err := fx.fetcher.Fetch(context.Background(), fx.rec("f"))
 	if err == nil || errors.Is(err, dtl.ErrStale) || fx.fetcher.Stats().Retries.Load() == 0 {
 		t.Fatalf("fetch from an unreachable owner: %v after %d retries; want a failure after retries", err, fx.fetcher.Stats().Retries.Load())
@@ -239,10 +238,10 @@ func TestFetchNeverReplaces(t *testing.T) {
 func TestFetchFromNoticeBytes(t *testing.T) {
 	fx := newFixture(t, 10*time.Second)
 	mtime := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
-	for _, data := range [][]byte{{}, []byte("x"), bytes.Repeat([]byte("n"), hfl.InlineMax)} {
+	for _, data := range [][]byte{{}, []byte("x"), bytes.Repeat([]byte("n"), 16<<10)} {
 		path := fmt.Sprintf("inline/%d", len(data))
-		rec := hfl.Record{Path: path, Owner: "owner", Size: int64(len(data)), Mode: 0o100604, MtimeNs: mtime.UnixNano(),
-			Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid()), Inline: &hfl.Inline{Data: data}}
+		rec := dtl.Version{Path: path, Owner: "owner", Info: dtl.FileInfo{Size: int64(len(data)), Mode: 0o100604, MtimeNs: mtime.UnixNano(),
+			Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())}, Inline: data}
 		if err := fx.fetcher.Fetch(context.Background(), rec); err != nil {
 			t.Fatalf("%s: %v", path, err)
 		}
@@ -262,7 +261,7 @@ func TestFetchFromNoticeBytes(t *testing.T) {
 	// Bytes that do not match the size: the owner's file is fetched.
 	fx.src.WriteFile("short", []byte("owner's"))
 	rec := fx.rec("short")
-	rec.Size, rec.Inline = 7, &hfl.Inline{Data: []byte("bad")}
+	rec.Info.Size, rec.Inline = 7, []byte("bad")
 	if err := fx.fetcher.Fetch(context.Background(), rec); err != nil {
 		t.Fatal(err)
 	}

@@ -92,8 +92,9 @@ type FS struct {
 }
 
 // Mount mounts the managed directory d at cfg.Mountpoint and starts serving.
-// It returns once the kernel has acknowledged the mount.
-func Mount(cfg Config, d *dmd.DMD, log *slog.Logger) (*FS, error) {
+// It returns once the kernel has acknowledged the mount. kernel, the
+// notifier d was built with (nil if none), starts passing changes on.
+func Mount(cfg Config, d *dmd.DMD, kernel *KernelNotifier, log *slog.Logger) (*FS, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -119,7 +120,9 @@ func Mount(cfg Config, d *dmd.DMD, log *slog.Logger) (*FS, error) {
 		return nil, fmt.Errorf("mount %s: %w", cfg.Mountpoint, err)
 	}
 	fsys.server = server
-	d.SetNotifier(kernelNotifier{fsys})
+	if kernel != nil {
+		kernel.fsys.Store(fsys)
+	}
 	fsys.passthrough = fsys.probePassthrough()
 	log.Info("mounted", "mountpoint", cfg.Mountpoint, "backing", d.Config().Backing, "passthrough", fsys.passthrough)
 	go fsys.watchDetach()

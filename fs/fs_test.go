@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dyadfs/dyadfs/hfl/store/embedded"
+
 	"github.com/dyadfs/dyadfs/fs/dmd"
 	"github.com/dyadfs/dyadfs/hfl"
 )
@@ -21,7 +23,7 @@ type mounted struct {
 	fs      *FS
 	mnt     string
 	backing string
-	store   *hfl.EmbeddedStore
+	store   *embedded.Store
 }
 
 func needFuse(t *testing.T) {
@@ -49,20 +51,17 @@ func mount(t *testing.T, mod func(*dmd.Config, *Config)) *mounted {
 	if mod != nil {
 		mod(&dcfg, &fcfg)
 	}
-	store := hfl.NewEmbeddedStore()
-	loc, err := hfl.NewLocator(hfl.DefaultLocatorConfig(), store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := embedded.New()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	d, err := dmd.New(dcfg, loc, log)
+	kernel := NewKernelNotifier()
+	d, err := dmd.New(dcfg, dmd.Parts{Store: store, Locator: hfl.DefaultLocatorConfig(), Notifier: kernel, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.Scan(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	fsys, err := Mount(fcfg, d, log)
+	fsys, err := Mount(fcfg, d, kernel, log)
 	if err != nil {
 		t.Fatal(err)
 	}

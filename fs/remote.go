@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 	"path"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -236,21 +237,36 @@ func (fsys *FS) inodeOf(rel string) *gofs.Inode {
 	return ino
 }
 
-// kernelNotifier is the managed directory's dmd.Notifier.
-type kernelNotifier struct{ fsys *FS }
+// KernelNotifier is the managed directory's dmd.Notifier: it passes
+// changes on to the kernel of the mount it is given (see Mount). It is
+// made before the managed directory, which is made before the mount;
+// until the mount exists the kernel has cached nothing to forget.
+type KernelNotifier struct{ fsys atomic.Pointer[FS] }
 
-func (k kernelNotifier) EntryChanged(rel string) { k.fsys.forgetNow(rel) }
+// NewKernelNotifier returns a notifier for the mount to come.
+func NewKernelNotifier() *KernelNotifier { return &KernelNotifier{} }
+
+// EntryChanged makes the kernel forget the entry of rel.
+func (k *KernelNotifier) EntryChanged(rel string) {
+	if fsys := k.fsys.Load(); fsys != nil {
+		fsys.forgetNow(rel)
+	}
+}
 
 // ChildrenUnpromised makes the kernel look up again the entries of
 // directory rel that are shown from the namespace.
-func (k kernelNotifier) ChildrenUnpromised(rel string) {
-	dir := k.fsys.inodeOf(rel)
+func (k *KernelNotifier) ChildrenUnpromised(rel string) {
+	fsys := k.fsys.Load()
+	if fsys == nil {
+		return
+	}
+	dir := fsys.inodeOf(rel)
 	if dir == nil {
 		return
 	}
 	for name, ch := range dir.Children() {
 		_, remote := ch.Operations().(*remoteNode)
-		if remote || k.fsys.dmd.IsCopy(path.Join(rel, name)) {
+		if remote || fsys.dmd.IsCopy(path.Join(rel, name)) {
 			dir.NotifyEntry(name)
 		}
 	}

@@ -5,12 +5,6 @@ package hfl
 // and the owner's open and send, cost more than the bytes themselves.
 const InlineMax = 16 << 10
 
-// Inline is a small file's content at publish time. In a notice the bytes
-// follow the JSON (see encodeNotice); the JSON only says they are there.
-type Inline struct {
-	Data []byte `json:"-"`
-}
-
 // inlineFits reports whether rec carries no bytes, or exactly its size of
 // them within InlineMax.
 func inlineFits(rec Record) bool {

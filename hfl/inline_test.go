@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dyadfs/dyadfs/hfl/store/embedded"
 )
 
 func inlineRec(path string, data []byte) Record {
@@ -89,7 +91,7 @@ func TestHeldDataBound(t *testing.T) {
 // keeps them.
 func TestNoticeCarriesSmallFiles(t *testing.T) {
 	setNoticeGrace(t, time.Hour)
-	store := &slowStore{Store: NewEmbeddedStore(), blockWaits: true}
+	store := &slowStore{Store: embedded.New(), blockWaits: true}
 	locs, _ := noticeCluster(t, 3, store)
 	producer, waiter, later := locs[0], locs[1], locs[2]
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -167,7 +169,7 @@ func (s *blockingLookups) Lookup(ctx context.Context, key string) (Record, error
 // TestLocateWaitingTakesNoticeDuringLookup: a publish that lands while the
 // store is being asked ends LocateWaiting at once.
 func TestLocateWaitingTakesNoticeDuringLookup(t *testing.T) {
-	store := &blockingLookups{Store: NewEmbeddedStore(), started: make(chan struct{}, 1)}
+	store := &blockingLookups{Store: embedded.New(), started: make(chan struct{}, 1)}
 	locs, _ := noticeClusterOver(t, 2, store)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -194,7 +196,7 @@ func TestLocateWaitingTakesNoticeDuringLookup(t *testing.T) {
 }
 
 func TestHandleMessageRefusesBadBytes(t *testing.T) {
-	store := &slowStore{Store: NewEmbeddedStore()}
+	store := &slowStore{Store: embedded.New()}
 	locs, _ := noticeCluster(t, 1, store)
 	ctx := context.Background()
 	prov := `{"k":"pub","rec":{"path":"a","owner":"n9","size":3,"gen":0,"prov":true}`

@@ -85,18 +85,19 @@ func (l *Locator) Member(ctx context.Context, node string) (Member, error) {
 // SecretSize is the size of a generated job secret.
 const SecretSize = 32
 
-// JobSecret returns the namespace's shared secret. The first daemon of a
-// namespace generates it and stores it; every later one reads that one.
-func (l *Locator) JobSecret(ctx context.Context) ([]byte, error) {
+// JobSecret returns the shared secret of namespace in s. The first daemon
+// of a namespace generates it and stores it; every later one reads that
+// one. Transports need it before the locator is built.
+func JobSecret(ctx context.Context, s Store, namespace string) ([]byte, error) {
 	candidate := make([]byte, SecretSize)
 	if _, err := rand.Read(candidate); err != nil {
 		return nil, err
 	}
-	s, err := l.store.PutIfAbsent(ctx, secretKey(l.cfg.Namespace), candidate)
+	secret, err := s.PutIfAbsent(ctx, secretKey(namespace), candidate)
 	if err != nil {
-		return nil, fmt.Errorf("job secret of namespace %s: %w", l.cfg.Namespace, err)
+		return nil, fmt.Errorf("job secret of namespace %s: %w", namespace, err)
 	}
-	return s, nil
+	return secret, nil
 }
 
 // storeIDKey holds the identity of a namespace's records in a store.

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/dyadfs/dyadfs/hfl/store/embedded"
 )
 
 // slowStore is a shared store whose waits never end on their own and whose
@@ -98,7 +100,7 @@ func setNoticeGrace(t *testing.T, d time.Duration) {
 
 func TestNoticeWakesWaiterWithoutStore(t *testing.T) {
 	setNoticeGrace(t, time.Hour)
-	store := &slowStore{Store: NewEmbeddedStore(), blockWaits: true}
+	store := &slowStore{Store: embedded.New(), blockWaits: true}
 	locs, _ := noticeCluster(t, 3, store)
 	producer, consumer := locs[0], locs[1]
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -145,7 +147,7 @@ func TestNoticeWakesWaiterWithoutStore(t *testing.T) {
 }
 
 func TestNoticeAnswersLookupsFromHome(t *testing.T) {
-	store := &slowStore{Store: NewEmbeddedStore()}
+	store := &slowStore{Store: embedded.New()}
 	locs, _ := noticeCluster(t, 2, store)
 	ctx := context.Background()
 	for i := 0; i < 20; i++ {
@@ -189,7 +191,7 @@ func TestNoticeAnswersLookupsFromHome(t *testing.T) {
 
 func TestNoticeFallsBackOnStore(t *testing.T) {
 	setNoticeGrace(t, 20*time.Millisecond)
-	store := &slowStore{Store: NewEmbeddedStore()}
+	store := &slowStore{Store: embedded.New()}
 	locs, net := noticeCluster(t, 2, store)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -221,7 +223,7 @@ func TestNoticeFallsBackOnStore(t *testing.T) {
 }
 
 func TestNoticeUnpublishForgetsAtHome(t *testing.T) {
-	store := &slowStore{Store: NewEmbeddedStore()}
+	store := &slowStore{Store: embedded.New()}
 	locs, _ := noticeCluster(t, 2, store)
 	ctx := context.Background()
 	for i := 0; i < 10; i++ {
@@ -250,7 +252,7 @@ func TestNoticeUnpublishForgetsAtHome(t *testing.T) {
 
 func TestNoticeWaitEndsWithContext(t *testing.T) {
 	setNoticeGrace(t, time.Hour)
-	store := &slowStore{Store: NewEmbeddedStore(), blockWaits: true}
+	store := &slowStore{Store: embedded.New(), blockWaits: true}
 	locs, _ := noticeCluster(t, 2, store)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -270,7 +272,7 @@ func TestNoticeWaitEndsWithContext(t *testing.T) {
 }
 
 func TestHandleMessageRefusesBadNotices(t *testing.T) {
-	store := &slowStore{Store: NewEmbeddedStore()}
+	store := &slowStore{Store: embedded.New()}
 	locs, _ := noticeCluster(t, 1, store)
 	ctx := context.Background()
 	for _, msg := range []string{
@@ -297,7 +299,7 @@ func FuzzHandleMessage(f *testing.F) {
 	f.Add([]byte(`{"k":"list","path":"a"}`))
 	f.Add([]byte(`{"k":"brk","path":"a/b","rec":{"path":"a/b","owner":"n1","gen":8},"ls":true}`))
 	f.Add([]byte(`{"k":"pub","rec":{"path":"a/b","owner":"n1","size":2,"prov":true},"inline":{},"pn":3}` + "\x00ab"))
-	store := NewEmbeddedStore()
+	store := embedded.New()
 	l, err := NewLocator(DefaultLocatorConfig(), store, nil)
 	if err != nil {
 		f.Fatal(err)
@@ -313,7 +315,7 @@ func FuzzHandleMessage(f *testing.F) {
 }
 
 func TestNoticeJoinAnnouncesNewMember(t *testing.T) {
-	store := &slowStore{Store: NewEmbeddedStore()}
+	store := &slowStore{Store: embedded.New()}
 	locs, net := noticeCluster(t, 2, store)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

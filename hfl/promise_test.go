@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/dyadfs/dyadfs/hfl/store/embedded"
 )
 
 // recordingLocal is a LocalIndex that has nothing and notes what it is told.
@@ -89,7 +91,7 @@ func (s *countingStore) List(ctx context.Context, prefix string) (map[string][]b
 // promiseCluster is a notice cluster whose nodes note what they are told.
 func promiseCluster(t *testing.T, n int) ([]*Locator, []*recordingLocal, *countingStore, *memNet) {
 	t.Helper()
-	store := &countingStore{Store: NewEmbeddedStore(), hide: map[string]bool{}}
+	store := &countingStore{Store: embedded.New(), hide: map[string]bool{}}
 	locs, net := noticeClusterOver(t, n, store)
 	var locals []*recordingLocal
 	for _, l := range locs {

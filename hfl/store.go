@@ -1,146 +1,27 @@
 package hfl
 
-import (
-	"context"
-	"fmt"
-	"strings"
-	"time"
+import "github.com/dyadfs/dyadfs/hfl/store"
+
+// The locator's records and its view of the global store are those of
+// package store: the names below let the rest of dyadfs speak of them as
+// the locator's.
+type (
+	Record     = store.Record
+	Inline     = store.Inline
+	Store      = store.Store
+	Slot       = store.Slot
+	RemoveCond = store.RemoveCond
 )
 
-// Store is the global metadata store: a key-value map of Records with
-// versioned updates and blocking waits, and an index of every directory's
-// entries. Keys are opaque to the store; the Locator builds them (see
-// Slot). Every backend passes the kvtest conformance suite.
-type Store interface {
-	// Publish stores rec in slot (under slot.Key, and as slot.Name in the
-	// index of slot.Dir) and returns it with the generation the store
-	// assigned, which is larger than that of any earlier publish or
-	// removal of slot.Key.
-	Publish(ctx context.Context, slot Slot, rec Record) (Record, error)
-	// Lookup returns the record under key, or ErrNotFound.
-	Lookup(ctx context.Context, key string) (Record, error)
-	// Wait blocks until the store holds a record under key whose generation
-	// is larger than after (after == 0: any record) and returns it. It ends
-	// with ctx's error when ctx is done.
-	Wait(ctx context.Context, key string, after uint64) (Record, error)
-	// Remove deletes the record in slot, from the key and the directory
-	// index at once, if it matches cond, and returns the generation of the
-	// removal (larger than the removed record's). It returns ErrNotFound
-	// when there is no record, and ErrConflict, deleting nothing, when the
-	// record does not match cond: a newer publish wins over an older
-	// unlink.
-	Remove(ctx context.Context, slot Slot, cond RemoveCond) (uint64, error)
-	// ListDir returns the records in the index of directory dir whose
-	// names sort after after (byte order), in that order, at most limit of
-	// them (limit <= 0: DefaultListLimit). Fewer than limit means the end.
-	ListDir(ctx context.Context, dir, after string, limit int) ([]Record, error)
+// The store's errors, as the locator passes them on.
+var (
+	ErrNotFound    = store.ErrNotFound
+	ErrClosed      = store.ErrClosed
+	ErrConflict    = store.ErrConflict
+	ErrUnavailable = store.ErrUnavailable
+)
 
-	// Register stores value under key for as long as this daemon lives:
-	// until Close, or, in a store shared between nodes, until the daemon
-	// stops renewing it and ttl passes. Daemons announce themselves so.
-	// If a live value is under key already, claim (when not nil) decides:
-	// an error from it fails Register, which stores nothing. The decision
-	// and the write are one atomic step, so that of two daemons claiming
-	// the same key at once, one sees the other's value.
-	Register(ctx context.Context, key string, value []byte, ttl time.Duration, claim func(current []byte) error) error
-	// Get returns a value stored by Register or PutIfAbsent, or ErrNotFound.
-	Get(ctx context.Context, key string) ([]byte, error)
-	// List returns every value stored by Register or PutIfAbsent under a
-	// key that starts with prefix, by key (an empty map if none).
-	List(ctx context.Context, prefix string) (map[string][]byte, error)
-	// PutIfAbsent stores value under key unless the key exists, and
-	// returns what the store holds afterwards: value, or what was there.
-	PutIfAbsent(ctx context.Context, key string, value []byte) ([]byte, error)
-
-	// Close releases the store's resources and withdraws what Register
-	// stored; pending waits end with ErrClosed.
-	Close() error
-}
-
-// Slot is where a record lives in a store: under Key, DYAD's hashed key of
-// its path in the job's namespace, and as entry Name of directory Dir, the
-// job's namespace and the path of the directory (see Locator.Slot).
-type Slot struct {
-	Key  string
-	Dir  string
-	Name string
-}
-
-// RemoveCond says which record Remove may delete: one published by Owner
-// (any owner if empty), at generation MaxGeneration or older (any if 0).
-type RemoveCond struct {
-	Owner         string
-	MaxGeneration uint64
-}
-
-// matches reports whether rec may be removed under c.
-func (c RemoveCond) matches(rec Record) bool {
-	return (c.Owner == "" || rec.Owner == c.Owner) && (c.MaxGeneration == 0 || rec.Generation <= c.MaxGeneration)
-}
-
-// DefaultListLimit is how many entries ListDir returns when asked for no
-// particular number: a page of a large directory.
-const DefaultListLimit = 1000
-
-// EmbeddedURL names the in-process store used on a single node.
-const EmbeddedURL = "embedded://"
-
-// storeSpec is a parsed store URL.
-type storeSpec struct {
-	scheme string // backend name
-	addr   string // backend-specific address, after "scheme://"
-}
-
-// parseStoreURL checks a store URL's form without connecting. An empty URL
-// means the embedded store.
-func parseStoreURL(raw string) (storeSpec, error) {
-	scheme, addr, found := strings.Cut(raw, "://")
-	if !found {
-		scheme, addr = raw, ""
-	}
-	spec := storeSpec{scheme: strings.ToLower(scheme), addr: addr}
-	switch spec.scheme {
-	case "", "embedded":
-		if addr != "" {
-			return spec, fmt.Errorf("metadata store %q: the embedded store takes no address (use %s)", raw, EmbeddedURL)
-		}
-		spec.scheme = "embedded"
-		return spec, nil
-	case "etcd":
-		if _, err := parseEtcdEndpoints(addr); err != nil {
-			return spec, fmt.Errorf("metadata store %q: %v", raw, err)
-		}
-		return spec, nil
-	default:
-		return spec, fmt.Errorf("metadata store %q: unknown scheme %q (want %s or etcd://host:port[,host:port...])", raw, spec.scheme, EmbeddedURL)
-	}
-}
-
-// ValidateStoreURL reports whether rawURL names a known backend in a valid form.
-func ValidateStoreURL(rawURL string) error {
-	_, err := parseStoreURL(rawURL)
-	return err
-}
-
-// OpenStore opens the store named by rawURL.
-func OpenStore(ctx context.Context, rawURL string) (Store, error) {
-	spec, err := parseStoreURL(rawURL)
-	if err != nil {
-		return nil, err
-	}
-	switch spec.scheme {
-	case "embedded":
-		return NewEmbeddedStore(), nil
-	case "etcd":
-		eps, err := parseEtcdEndpoints(spec.addr)
-		if err != nil {
-			return nil, fmt.Errorf("metadata store %q: %v", rawURL, err)
-		}
-		s, err := OpenEtcdStore(ctx, DefaultEtcdConfig(eps...))
-		if err != nil {
-			return nil, err // not a nil *EtcdStore in a non-nil Store
-		}
-		return s, nil
-	}
-	return nil, fmt.Errorf("metadata store %q: no backend for scheme %q", rawURL, spec.scheme)
-}
+// DefaultListLimit is how many entries a page of a listing holds.
+const (
+	DefaultListLimit = store.DefaultListLimit
+)

@@ -447,7 +447,7 @@ func init() {
 	// locate-bench STORE-URL NAMESPACE: lookups per second at each level.
 	helpers["locate-bench"] = func(args []string) int {
 		ctx := context.Background()
-		store, err := hfl.OpenStore(ctx, args[0])
+		store, err := openEtcd(ctx, args[0])
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -456,21 +456,17 @@ func init() {
 		cfg := hfl.DefaultLocatorConfig()
 		cfg.Namespace = args[1]
 		cfg.SingleNode = true // the levels, not the namespace's promises
-		loc, err := hfl.NewLocator(cfg, store, nil)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
 		backing, _ := os.MkdirTemp("", "locate-bench-")
 		defer os.RemoveAll(backing)
 		dcfg := dmd.DefaultConfig()
 		dcfg.Backing, dcfg.Node = backing, "bench"
-		d, err := dmd.New(dcfg, loc, nil)
+		d, err := dmd.New(dcfg, dmd.Parts{Store: store, Locator: cfg})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
 		defer d.Close()
+		loc := d.Locator()
 		os.WriteFile(filepath.Join(backing, "here.dat"), []byte("x"), 0o644)
 		loc.Publish(ctx, hfl.Record{Path: "cached.dat", Owner: "elsewhere", Size: 1})
 		loc.Publish(ctx, hfl.Record{Path: "global.dat", Owner: "elsewhere", Size: 1})

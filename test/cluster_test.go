@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dyadfs/dyadfs/hfl/store/etcd"
+
 	"github.com/dyadfs/dyadfs/fs"
 	"github.com/dyadfs/dyadfs/hfl"
 )
@@ -435,13 +437,22 @@ func (c *cluster) teardown() {
 	syscall.Unmount(c.nsDir, syscall.MNT_DETACH)
 }
 
+// openEtcd opens the etcd store of a URL etcd://host:port[,...].
+func openEtcd(ctx context.Context, url string) (*etcd.Store, error) {
+	eps, err := etcd.ParseEndpoints(strings.TrimPrefix(url, "etcd://"))
+	if err != nil {
+		return nil, err
+	}
+	return etcd.Open(ctx, etcd.DefaultConfig(eps...))
+}
+
 func init() {
 	// etcd-ready ENDPOINT-URL: wait (bounded) until the store answers.
 	helpers["etcd-ready"] = func(args []string) int {
 		deadline := time.Now().Add(bound)
 		for {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			s, err := hfl.OpenStore(ctx, args[0])
+			s, err := openEtcd(ctx, args[0])
 			cancel()
 			if err == nil {
 				s.Close()

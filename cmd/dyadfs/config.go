@@ -62,7 +62,7 @@ var lookupEnv = os.LookupEnv
 // defaultMountConfig returns the defaults with the environment applied.
 func defaultMountConfig() (mountConfig, error) {
 	c := mountConfig{
-		StoreURL:     hfl.EmbeddedURL,
+		StoreURL:     embeddedURL,
 		LogLevel:     slog.LevelInfo,
 		DMD:          dmd.DefaultConfig(),
 		FS:           fs.DefaultConfig(),
@@ -183,7 +183,7 @@ func (v *mountFlagValues) finish(c *mountConfig, args []string) error {
 	if c.DMD.Backing, err = filepath.Abs(c.DMD.Backing); err != nil {
 		return fail(exitBacking, fmt.Sprintf("backing directory %s: %v", c.DMD.Backing, err))
 	}
-	if err := hfl.ValidateStoreURL(c.StoreURL); err != nil {
+	if _, err := parseStoreURL(c.StoreURL); err != nil {
 		return fail(exitUsage, fmt.Sprintf("--store: %v", err))
 	}
 	c.Locator.SingleNode = singleNode(c.StoreURL)

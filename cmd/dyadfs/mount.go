@@ -19,9 +19,9 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
+	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/fs"
 	"github.com/dyadfs/dyadfs/fs/dmd"
-	"github.com/dyadfs/dyadfs/hfl"
 )
 
 // readyFDEnv names the descriptor on which a daemon started by `dyadfs
@@ -254,31 +254,57 @@ func serve(c *mountConfig, ready func(error)) (err error) {
 	}
 	defer closeLog()
 
+	// The daemon, built top to bottom: the store, the transport (when
+	// files move between nodes), the managed directory with its locator
+	// and fetcher over them, the scan of what the backing directory
+	// holds, then serving peers, joining the job and mounting.
 	ctx := context.Background()
-	store, err := hfl.OpenStore(ctx, c.StoreURL)
+	store, err := openStore(ctx, c.StoreURL)
 	if err != nil {
 		return fail(exitStore, fmt.Sprintf("metadata store: %v", err))
 	}
 	defer store.Close()
-	loc, err := hfl.NewLocator(c.Locator, store, nil)
-	if err != nil {
-		return fail(exitUsage, err.Error())
+	var transport dtl.Transport
+	if sharesFiles(c) {
+		if transport, err = openTransport(ctx, c, store, log); err != nil {
+			return err
+		}
+	} else if c.DMD.SharedStorage {
+		log.Info("shared storage: files are not transferred")
 	}
-	d, err := dmd.New(c.DMD, loc, log)
+	kernel := fs.NewKernelNotifier()
+	d, err := dmd.New(c.DMD, dmd.Parts{
+		Store:         store,
+		Locator:       c.Locator,
+		Transport:     transport,
+		TransportName: c.DTL,
+		FetchTimeout:  c.FetchTimeout,
+		Notifier:      kernel,
+		Log:           log,
+	})
 	if err != nil {
+		if transport != nil {
+			transport.Close()
+		}
 		return fail(exitBacking, err.Error())
 	}
 	defer d.Close()
+	if transport != nil {
+		// Before the DMD closes: nothing is served from it afterwards.
+		defer transport.Close()
+	}
 	res, err := d.Scan(ctx)
 	if err != nil {
 		return fail(exitBacking, fmt.Sprintf("scan %s: %v", c.DMD.Backing, err))
 	}
 	log.Info("backing directory scanned", "published", res.Published, "incomplete", res.Incomplete, "dropped_copies", res.Dropped)
-	share, err := startSharing(ctx, c, loc, d, log)
-	if err != nil {
-		return err
+	if transport != nil {
+		stop, err := joinJob(ctx, c, transport, d, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
-	defer share.close()
 
 	c.FS.Mountpoint = c.Mountpoint
 	c.FS.Info = map[string]string{
@@ -288,11 +314,11 @@ func serve(c *mountConfig, ready func(error)) (err error) {
 		"log_file":     c.LogFile,
 		"wait_timeout": durationOrZero(c.DMD.WaitTimeout),
 	}
-	if share != nil {
-		c.FS.Info["transport"] = c.DTL + " " + share.transport.Addr()
-		c.FS.Extra = share.status
+	if transport != nil {
+		c.FS.Info["transport"] = c.DTL + " " + transport.Addr()
+		c.FS.Extra = transportStatus(transport, d)
 	}
-	fsys, err := fs.Mount(c.FS, d, log)
+	fsys, err := fs.Mount(c.FS, d, kernel, log)
 	if err != nil {
 		return fail(exitMountFailed, err.Error())
 	}

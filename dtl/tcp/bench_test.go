@@ -91,9 +91,10 @@ func benchMessage(b *testing.B, size int, parallel bool) {
 	s := newSecret()
 	server, _ := newTransport(b, s, opts{})
 	reply := make([]byte, size)
-	server.HandleMessages(func(ctx context.Context, from string, msg []byte) ([]byte, error) {
+	answer := handlerFunc(func(ctx context.Context, from string, msg []byte) ([]byte, error) {
 		return reply, nil
 	})
+	server.handler.Store(&answer)
 	if err := server.Serve(dtltest.NewSource(b.TempDir())); err != nil {
 		b.Fatal(err)
 	}

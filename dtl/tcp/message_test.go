@@ -28,7 +28,7 @@ func messaging(t *testing.T, o opts, h func(ctx context.Context, from string, ms
 	so.node = "owner"
 	server, _ = newTransport(t, s, so)
 	if h != nil {
-		server.HandleMessages(h)
+		server.handler.Store(&h)
 	}
 	src = dtltest.NewSource(t.TempDir())
 	if err := server.Serve(src); err != nil {
@@ -86,12 +86,13 @@ func TestMessageRoundTrip(t *testing.T) {
 		})
 	}
 	// The largest message and the largest reply.
-	server.HandleMessages(func(ctx context.Context, from string, msg []byte) ([]byte, error) {
+	largest := handlerFunc(func(ctx context.Context, from string, msg []byte) ([]byte, error) {
 		if len(msg) != dtl.MaxMessage || from != "asker" {
 			return nil, fmt.Errorf("got %d bytes from %q", len(msg), from)
 		}
 		return bytes.Clone(msg), nil
 	})
+	server.handler.Store(&largest)
 	msg := patterned(dtl.MaxMessage)
 	reply, err := client.Message(ctx, server.Addr(), "owner", msg)
 	if err != nil || !bytes.Equal(reply, msg) {

@@ -73,7 +73,7 @@ type counters struct {
 	messages, answered                                                     atomic.Int64
 }
 
-// handlerFunc answers peers' messages (see dtl.Messenger.HandleMessages).
+// handlerFunc answers peers' messages (see dtl.MessageHandler).
 type handlerFunc = func(ctx context.Context, from string, msg []byte) ([]byte, error)
 
 // Transport is the TCP backend of dtl.Transport. It serves and fetches;
@@ -103,7 +103,7 @@ type Transport struct {
 	idle        map[string][]*clientConn // pooled client connections, oldest first
 	nIdle       int
 
-	// handler answers messages; nil until HandleMessages.
+	// handler answers messages: the served Source's, if it answers them.
 	handler atomic.Pointer[handlerFunc]
 
 	stats counters
@@ -154,6 +154,10 @@ func (t *Transport) Serve(src dtl.Source) error {
 	if src == nil {
 		return errors.New("tcp transport: nil source")
 	}
+	if h, ok := src.(dtl.MessageHandler); ok {
+		f := handlerFunc(h.HandleMessage)
+		t.handler.Store(&f)
+	}
 	var lc net.ListenConfig
 	ln, err := lc.Listen(t.ctx, "tcp", t.cfg.Listen)
 	if err != nil {
@@ -179,18 +183,6 @@ func (t *Transport) Serve(src dtl.Source) error {
 	go t.acceptLoop(ln, src)
 	t.log.Info("serving files", "listen", ln.Addr().String(), "addr", addr)
 	return nil
-}
-
-// HandleMessages sets the function that answers peers' messages (see
-// dtl.Messenger). It is meant to be called before Serve; a later call
-// takes effect for the messages that arrive after it, and until a handler
-// is set, messages are refused (dtl.ErrRefused).
-func (t *Transport) HandleMessages(h func(ctx context.Context, from string, msg []byte) ([]byte, error)) {
-	if h == nil {
-		t.handler.Store(nil)
-		return
-	}
-	t.handler.Store(&h)
 }
 
 // Addr is the address peers reach Serve at: cfg.Advertise if set, else the

@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/hfl"
 )
 
@@ -91,8 +92,8 @@ type DMD struct {
 	cfg     Config
 	loc     *hfl.Locator
 	log     *slog.Logger
-	markers bool // crash markers (xattrs) are supported by the backing store
-	fetcher Fetcher
+	markers bool         // crash markers (xattrs) are supported by the backing store
+	fetcher *dtl.Fetcher // nil without a transport
 	stats   counters
 
 	// shutdown is closed when the filesystem goes away; it ends all waits.
@@ -158,19 +159,45 @@ func stampOf(st *syscall.Stat_t) fileStamp {
 	return fileStamp{size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
 }
 
-// New opens the managed directory over cfg.Backing. The locator's first
-// level is set to the new DMD.
-func New(cfg Config, loc *hfl.Locator, log *slog.Logger) (*DMD, error) {
+// Parts are what a managed directory is built with: the backends cmd/dyadfs
+// chose, seen here only through their interfaces.
+type Parts struct {
+	// Store is the global metadata store. The DMD builds its locator over
+	// it, with itself as the locator's first level.
+	Store   hfl.Store
+	Locator hfl.LocatorConfig
+	// Transport brings files published elsewhere and, once serving (see
+	// dtl.Transport.Serve), gives this node's to peers. Nil when no other
+	// node can ask (a single node, shared storage): files published
+	// elsewhere cannot be read here then (ErrNoTransport).
+	Transport dtl.Transport
+	// TransportName is the backend's name, as members register it.
+	TransportName string
+	// FetchTimeout bounds how long a failing transfer is retried.
+	FetchTimeout time.Duration
+	// Notifier tells the kernel of entries that changed unseen; nil:
+	// nothing to tell.
+	Notifier Notifier
+	Log      *slog.Logger
+}
+
+// New opens the managed directory over cfg.Backing, with its locator and,
+// given a transport, its fetcher.
+func New(cfg Config, p Parts) (*DMD, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if p.Store == nil {
+		return nil, errors.New("managed directory: no metadata store")
+	}
+	log := p.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	d := &DMD{
 		cfg:        cfg,
-		loc:        loc,
 		log:        log,
+		notifier:   p.Notifier,
 		shutdown:   make(chan struct{}),
 		busy:       make(map[FileID]*writeState),
 		creating:   make(map[string]int),
@@ -206,8 +233,32 @@ func New(cfg Config, loc *hfl.Locator, log *slog.Logger) (*DMD, error) {
 	if !d.markers {
 		log.Warn("backing store does not support user xattrs: files half-written when dyadfs dies cannot be told from complete ones", "backing", cfg.Backing)
 	}
-	loc.SetLocal(d)
+	d.loc, err = hfl.NewLocator(p.Locator, p.Store, d)
+	if err != nil {
+		d.closeFds()
+		return nil, err
+	}
+	if p.Transport != nil {
+		d.fetcher, err = dtl.NewFetcher(dtl.FetcherConfig{
+			Transport:     p.Transport,
+			TransportName: p.TransportName,
+			Owners:        owners{d.loc},
+			Dest:          d,
+			TempDir:       d.TempDir(),
+			Timeout:       p.FetchTimeout,
+			Log:           log,
+		})
+		if err != nil {
+			d.closeFds()
+			return nil, err
+		}
+	}
 	return d, nil
+}
+
+func (d *DMD) closeFds() {
+	unix.Close(d.tempFd)
+	unix.Close(d.backingFd)
 }
 
 // Config returns the configuration.
@@ -244,10 +295,13 @@ func (d *DMD) Close() error {
 	if n := d.PendingPublishes(); n > 0 {
 		d.log.Warn("stopping with publishes not done; the next start publishes these files again", "files", n)
 	}
+	if d.fetcher != nil {
+		d.fetcher.Close()
+	}
 	syscall.Sync()
 	os.WriteFile(d.cleanMarker(), nil, 0o600)
-	unix.Close(d.tempFd)
-	return unix.Close(d.backingFd)
+	d.closeFds()
+	return nil
 }
 
 // waitContext applies the configured wait timeout.

@@ -10,13 +10,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dyadfs/dyadfs/hfl/store/embedded"
+
 	"github.com/dyadfs/dyadfs/hfl"
 )
 
 type fixture struct {
 	t     *testing.T
 	d     *DMD
-	store *hfl.EmbeddedStore
+	store *embedded.Store
 	dir   string
 }
 
@@ -29,13 +31,9 @@ func newFixture(t *testing.T, mod func(*Config)) *fixture {
 	if mod != nil {
 		mod(&cfg)
 	}
-	store := hfl.NewEmbeddedStore()
+	store := embedded.New()
 	t.Cleanup(func() { store.Close() })
-	loc, err := hfl.NewLocator(hfl.DefaultLocatorConfig(), store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := New(cfg, loc, nil)
+	d, err := New(cfg, Parts{Store: store, Locator: hfl.DefaultLocatorConfig()})
 	if err != nil {
 		t.Fatal(err)
 	}

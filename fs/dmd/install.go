@@ -25,21 +25,21 @@ func (d *DMD) Present(ctx context.Context, rel string) bool {
 }
 
 // Install implements dtl.Destination: it marks tmp, a file fetched from
-// rec's owner, as a replica and renames it to rec.Path. The path is resolved
+// v's owner, as a replica and renames it to v.Path. The path is resolved
 // beneath the backing directory without following symbolic links (a user
 // could have put one where a directory was expected, to make the daemon
 // write elsewhere); missing directories are made, owned like the file. It
 // never replaces anything.
-func (d *DMD) Install(tmp *os.File, rec hfl.Record) error {
-	rel, err := hfl.CleanPath(rec.Path)
+func (d *DMD) Install(tmp *os.File, v dtl.Version) error {
+	rel, err := hfl.CleanPath(v.Path)
 	if err != nil || rel == InternalDir || strings.HasPrefix(rel, InternalDir+"/") {
-		return fmt.Errorf("install %q: %w", rec.Path, hfl.ErrBadPath)
+		return fmt.Errorf("install %q: %w", v.Path, hfl.ErrBadPath)
 	}
 	var st syscall.Stat_t
 	if err := syscall.Fstat(int(tmp.Fd()), &st); err != nil {
 		return err
 	}
-	if err := d.MarkReplica(tmp, rec.Owner, rec.Generation); err != nil {
+	if err := d.MarkReplica(tmp, v.Owner, v.Info.Generation); err != nil {
 		return fmt.Errorf("mark %s as a copy: %w", rel, err)
 	}
 	dir, base := path.Split(rel)
@@ -52,7 +52,7 @@ func (d *DMD) Install(tmp *os.File, rec hfl.Record) error {
 	if err != nil {
 		return &os.LinkError{Op: "install", Old: tmp.Name(), New: rel, Err: err}
 	}
-	d.noteCopy(rel, copyInfo{owner: rec.Owner, gen: rec.Generation})
+	d.noteCopy(rel, copyInfo{owner: v.Owner, gen: v.Info.Generation})
 	return nil
 }
 

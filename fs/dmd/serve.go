@@ -133,3 +133,11 @@ func (d *DMD) Unchanged(f *os.File, info dtl.FileInfo) error {
 	}
 	return nil
 }
+
+var _ dtl.MessageHandler = (*DMD)(nil)
+
+// HandleMessage implements dtl.MessageHandler: peers' messages are the
+// locator's notices.
+func (d *DMD) HandleMessage(ctx context.Context, from string, msg []byte) ([]byte, error) {
+	return d.loc.HandleMessage(ctx, from, msg)
+}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dyadfs/dyadfs/hfl/store/embedded"
+
 	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/hfl"
 )
@@ -30,7 +32,7 @@ func TestInstallRefusesSymlinkedParent(t *testing.T) {
 	fx := newFixture(t, nil)
 	outside := t.TempDir()
 	os.Symlink(outside, filepath.Join(fx.dir, "out"))
-	err := fx.d.Install(fx.fetched(t, "evil"), hfl.Record{Path: "out/ld.so.preload", Owner: "n2", Generation: 5})
+	err := fx.d.Install(fx.fetched(t, "evil"), dtl.Version{Path: "out/ld.so.preload", Owner: "n2", Info: dtl.FileInfo{Generation: 5}})
 	if err == nil {
 		t.Fatal("installed a file through a symbolic link")
 	}
@@ -38,7 +40,7 @@ func TestInstallRefusesSymlinkedParent(t *testing.T) {
 		t.Fatalf("files appeared outside the backing directory: %v", entries)
 	}
 	for _, p := range []string{".dyadfs/x", "../escape"} {
-		if err := fx.d.Install(fx.fetched(t, "x"), hfl.Record{Path: p, Owner: "n2"}); err == nil {
+		if err := fx.d.Install(fx.fetched(t, "x"), dtl.Version{Path: p, Owner: "n2"}); err == nil {
 			t.Errorf("installed %q", p)
 		}
 	}
@@ -48,7 +50,7 @@ func TestInstallMakesDirectoriesAndNeverReplaces(t *testing.T) {
 	fx := newFixture(t, nil)
 	tmp := fx.fetched(t, "copy")
 	tmp.Chown(65534, 65534)
-	if err := fx.d.Install(tmp, hfl.Record{Path: "a/b/c.dat", Owner: "n2", Generation: 7}); err != nil {
+	if err := fx.d.Install(tmp, dtl.Version{Path: "a/b/c.dat", Owner: "n2", Info: dtl.FileInfo{Generation: 7}}); err != nil {
 		t.Fatal(err)
 	}
 	st, err := os.Stat(filepath.Join(fx.dir, "a/b"))
@@ -61,7 +63,7 @@ func TestInstallMakesDirectoriesAndNeverReplaces(t *testing.T) {
 	if fx.d.markers && !isReplica(filepath.Join(fx.dir, "a/b/c.dat")) {
 		t.Fatal("the copy is not marked as one")
 	}
-	err = fx.d.Install(fx.fetched(t, "again"), hfl.Record{Path: "a/b/c.dat", Owner: "n2", Generation: 8})
+	err = fx.d.Install(fx.fetched(t, "again"), dtl.Version{Path: "a/b/c.dat", Owner: "n2", Info: dtl.FileInfo{Generation: 8}})
 	if !errors.Is(err, fs.ErrExist) {
 		t.Fatalf("second install: %v, want fs.ErrExist", err)
 	}
@@ -75,7 +77,7 @@ func TestCopiesAreNotRepublished(t *testing.T) {
 	if !fx.d.markers {
 		t.Skip("no user xattrs on this filesystem")
 	}
-	if err := fx.d.Install(fx.fetched(t, "copy"), hfl.Record{Path: "c.dat", Owner: "n2", Generation: 3}); err != nil {
+	if err := fx.d.Install(fx.fetched(t, "copy"), dtl.Version{Path: "c.dat", Owner: "n2", Info: dtl.FileInfo{Generation: 3}}); err != nil {
 		t.Fatal(err)
 	}
 	os.Chmod(filepath.Join(fx.dir, "c.dat"), 0o600)
@@ -168,13 +170,12 @@ func (f *flakyStore) Remove(ctx context.Context, key hfl.Slot, owner hfl.RemoveC
 
 func TestFailedPublishesAreRetried(t *testing.T) {
 	dir := t.TempDir()
-	inner := hfl.NewEmbeddedStore()
+	inner := embedded.New()
 	t.Cleanup(func() { inner.Close() })
 	store := &flakyStore{Store: inner}
-	loc, _ := hfl.NewLocator(hfl.DefaultLocatorConfig(), store, nil)
 	cfg := DefaultConfig()
 	cfg.Backing, cfg.Node = dir, "n1"
-	d, err := New(cfg, loc, nil)
+	d, err := New(cfg, Parts{Store: store, Locator: hfl.DefaultLocatorConfig()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,15 +212,14 @@ func TestUncleanStopDropsCopies(t *testing.T) {
 	if !fx.d.markers {
 		t.Skip("no user xattrs on this filesystem")
 	}
-	fx.d.Install(fx.fetched(t, "copy"), hfl.Record{Path: "copy.dat", Owner: "n2", Generation: 2})
+	fx.d.Install(fx.fetched(t, "copy"), dtl.Version{Path: "copy.dat", Owner: "n2", Info: dtl.FileInfo{Generation: 2}})
 	// The daemon dies: no Close, no clean marker.
 	fx.d.Shutdown()
-	store := hfl.NewEmbeddedStore()
+	store := embedded.New()
 	t.Cleanup(func() { store.Close() })
-	loc, _ := hfl.NewLocator(hfl.DefaultLocatorConfig(), store, nil)
 	cfg := DefaultConfig()
 	cfg.Backing, cfg.Node = dir, "n1"
-	d2, err := New(cfg, loc, nil)
+	d2, err := New(cfg, Parts{Store: store, Locator: hfl.DefaultLocatorConfig()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,14 +50,6 @@ type Notifier interface {
 	ChildrenUnpromised(rel string)
 }
 
-// SetNotifier installs the notifier. It is called aside, never from a
-// request.
-func (d *DMD) SetNotifier(f Notifier) {
-	d.mu.Lock()
-	d.notifier = f
-	d.mu.Unlock()
-}
-
 // notifyWait bounds how long a change waits for the kernel to take its
 // notice. The kernel takes it under the directory's lock, which a request
 // may hold while it waits for another node (a rename told everywhere): a

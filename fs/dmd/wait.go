@@ -11,19 +11,37 @@ import (
 	"github.com/dyadfs/dyadfs/hfl"
 )
 
-// Fetcher brings a file published by another node into this node's backing
-// store; dtl.Fetcher is the implementation (with the DMD as its
-// Destination).
-type Fetcher interface {
-	// Fetch makes rec.Path complete in the backing store, or fails
-	// leaving nothing there. It fails with dtl.ErrStale when the owner no
-	// longer has the version rec describes.
-	Fetch(ctx context.Context, rec hfl.Record) error
+// owners is the locator's membership as the fetcher asks for it.
+type owners struct{ loc *hfl.Locator }
+
+func (o owners) Peer(ctx context.Context, node string) (dtl.Peer, error) {
+	m, err := o.loc.Member(ctx, node)
+	switch {
+	case errors.Is(err, hfl.ErrNotRunning):
+		return dtl.Peer{}, fmt.Errorf("%w: %w", dtl.ErrOwnerGone, err)
+	case err != nil:
+		return dtl.Peer{}, err
+	}
+	return dtl.Peer{Transport: m.Transport, Addr: m.Addr}, nil
 }
 
-// SetFetcher installs the fetcher; without one, files published elsewhere
-// cannot be read here (ErrNoTransport).
-func (d *DMD) SetFetcher(f Fetcher) { d.fetcher = f }
+// versionOf is what the fetcher needs of a record.
+func versionOf(rec hfl.Record) dtl.Version {
+	v := dtl.Version{Path: rec.Path, Owner: rec.Owner, Info: dtl.FileInfo{
+		Size: rec.Size, Mode: rec.Mode, Uid: rec.Uid, Gid: rec.Gid, MtimeNs: rec.MtimeNs, Generation: rec.Generation}}
+	if rec.Inline != nil {
+		v.Inline = rec.Inline.Data
+	}
+	return v
+}
+
+// FetchStats counts transfers; nil without a transport.
+func (d *DMD) FetchStats() *dtl.FetchStats {
+	if d.fetcher == nil {
+		return nil
+	}
+	return d.fetcher.Stats()
+}
 
 // completeHere reports whether the regular file rel is complete on this
 // node: not being written or created here, not left half-written.
@@ -224,7 +242,7 @@ func (d *DMD) fetchLocated(ctx context.Context, rel string, rec hfl.Record) (pat
 		f("fetch")
 		defer f("publish")
 	}
-	err = d.fetcher.Fetch(ctx, rec)
+	err = d.fetcher.Fetch(ctx, versionOf(rec))
 	switch {
 	case err == nil:
 		d.log.Debug("fetched", "path", rel, "owner", rec.Owner, "took", time.Since(start))

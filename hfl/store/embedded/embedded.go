@@ -1,4 +1,7 @@
-package hfl
+// Package embedded is the in-process metadata store of a daemon that runs
+// alone (store URL embedded://, the default): nothing to set up, nothing
+// shared with other nodes.
+package embedded
 
 import (
 	"context"
@@ -7,14 +10,16 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/dyadfs/dyadfs/hfl/store"
 )
 
-// EmbeddedStore is the in-process metadata store used when dyadfs runs on a
+// Store is the in-process metadata store used when dyadfs runs on a
 // single node. It lives as long as the daemon; on restart the daemon
 // republishes what its backing store holds.
-type EmbeddedStore struct {
+type Store struct {
 	mu      sync.Mutex
-	records map[string]Record
+	records map[string]store.Record
 	// dirs indexes the records by directory: Dir, then Name, then Key.
 	dirs   map[string]*embeddedDir
 	values map[string][]byte
@@ -26,11 +31,11 @@ type EmbeddedStore struct {
 	once    sync.Once
 }
 
-// NewEmbeddedStore returns an empty store. Generations start from the wall
+// New returns an empty store. Generations start from the wall
 // clock in nanoseconds so that they keep growing across daemon restarts.
-func NewEmbeddedStore() *EmbeddedStore {
-	return &EmbeddedStore{
-		records: make(map[string]Record),
+func New() *Store {
+	return &Store{
+		records: make(map[string]store.Record),
 		dirs:    make(map[string]*embeddedDir),
 		values:  make(map[string][]byte),
 		waiters: make(map[string]*keyWaiters),
@@ -39,7 +44,7 @@ func NewEmbeddedStore() *EmbeddedStore {
 	}
 }
 
-func (s *EmbeddedStore) isClosed() bool {
+func (s *Store) isClosed() bool {
 	select {
 	case <-s.closed:
 		return true
@@ -56,10 +61,10 @@ type embeddedDir struct {
 	sorted []string // nil after a change
 }
 
-// Publish implements Store.
-func (s *EmbeddedStore) Publish(ctx context.Context, slot Slot, rec Record) (Record, error) {
+// Publish implements store.Store.
+func (s *Store) Publish(ctx context.Context, slot store.Slot, rec store.Record) (store.Record, error) {
 	if s.isClosed() {
-		return Record{}, ErrClosed
+		return store.Record{}, store.ErrClosed
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -82,13 +87,13 @@ func (s *EmbeddedStore) Publish(ctx context.Context, slot Slot, rec Record) (Rec
 	return rec, nil
 }
 
-// ListDir implements Store.
-func (s *EmbeddedStore) ListDir(ctx context.Context, dir, after string, limit int) ([]Record, error) {
+// ListDir implements store.Store.
+func (s *Store) ListDir(ctx context.Context, dir, after string, limit int) ([]store.Record, error) {
 	if s.isClosed() {
-		return nil, ErrClosed
+		return nil, store.ErrClosed
 	}
 	if limit <= 0 {
-		limit = DefaultListLimit
+		limit = store.DefaultListLimit
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -107,29 +112,29 @@ func (s *EmbeddedStore) ListDir(ctx context.Context, dir, after string, limit in
 	if i < len(d.sorted) && d.sorted[i] == after {
 		i++
 	}
-	var out []Record
+	var out []store.Record
 	for ; i < len(d.sorted) && len(out) < limit; i++ {
 		out = append(out, s.records[d.keys[d.sorted[i]]])
 	}
 	return out, nil
 }
 
-// Lookup implements Store.
-func (s *EmbeddedStore) Lookup(ctx context.Context, key string) (Record, error) {
+// Lookup implements store.Store.
+func (s *Store) Lookup(ctx context.Context, key string) (store.Record, error) {
 	if s.isClosed() {
-		return Record{}, ErrClosed
+		return store.Record{}, store.ErrClosed
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rec, ok := s.records[key]
 	if !ok {
-		return Record{}, ErrNotFound
+		return store.Record{}, store.ErrNotFound
 	}
 	return rec, nil
 }
 
-// Wait implements Store.
-func (s *EmbeddedStore) Wait(ctx context.Context, key string, after uint64) (Record, error) {
+// Wait implements store.Store.
+func (s *Store) Wait(ctx context.Context, key string, after uint64) (store.Record, error) {
 	for {
 		s.mu.Lock()
 		if rec, ok := s.records[key]; ok && rec.Generation > after {
@@ -150,7 +155,7 @@ func (s *EmbeddedStore) Wait(ctx context.Context, key string, after uint64) (Rec
 		case <-ctx.Done():
 			err = ctx.Err()
 		case <-s.closed:
-			err = ErrClosed
+			err = store.ErrClosed
 		}
 		s.mu.Lock()
 		w.n--
@@ -159,7 +164,7 @@ func (s *EmbeddedStore) Wait(ctx context.Context, key string, after uint64) (Rec
 		}
 		s.mu.Unlock()
 		if err != nil {
-			return Record{}, err
+			return store.Record{}, err
 		}
 	}
 }
@@ -171,25 +176,25 @@ type keyWaiters struct {
 
 // waitersLen reports how many keys have waiters; tests use it to check that
 // abandoned waits leave nothing behind.
-func (s *EmbeddedStore) waitersLen() int {
+func (s *Store) waitersLen() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.waiters)
 }
 
-// Remove implements Store.
-func (s *EmbeddedStore) Remove(ctx context.Context, slot Slot, cond RemoveCond) (uint64, error) {
+// Remove implements store.Store.
+func (s *Store) Remove(ctx context.Context, slot store.Slot, cond store.RemoveCond) (uint64, error) {
 	if s.isClosed() {
-		return 0, ErrClosed
+		return 0, store.ErrClosed
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rec, ok := s.records[slot.Key]
 	if !ok {
-		return 0, ErrNotFound
+		return 0, store.ErrNotFound
 	}
-	if !cond.matches(rec) {
-		return 0, fmt.Errorf("remove %s (generation %d by %s): %w", rec.Path, rec.Generation, rec.Owner, ErrConflict)
+	if !cond.Matches(rec) {
+		return 0, fmt.Errorf("remove %s (generation %d by %s): %w", rec.Path, rec.Generation, rec.Owner, store.ErrConflict)
 	}
 	delete(s.records, slot.Key)
 	if d := s.dirs[slot.Dir]; d != nil && d.keys[slot.Name] == slot.Key {
@@ -203,11 +208,11 @@ func (s *EmbeddedStore) Remove(ctx context.Context, slot Slot, cond RemoveCond) 
 	return s.lastGen, nil
 }
 
-// Register implements Store. In one process the daemon's life is the
+// Register implements store.Store. In one process the daemon's life is the
 // store's, so ttl plays no part.
-func (s *EmbeddedStore) Register(ctx context.Context, key string, value []byte, ttl time.Duration, claim func(current []byte) error) error {
+func (s *Store) Register(ctx context.Context, key string, value []byte, ttl time.Duration, claim func(current []byte) error) error {
 	if s.isClosed() {
-		return ErrClosed
+		return store.ErrClosed
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -220,24 +225,24 @@ func (s *EmbeddedStore) Register(ctx context.Context, key string, value []byte, 
 	return nil
 }
 
-// Get implements Store.
-func (s *EmbeddedStore) Get(ctx context.Context, key string) ([]byte, error) {
+// Get implements store.Store.
+func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
 	if s.isClosed() {
-		return nil, ErrClosed
+		return nil, store.ErrClosed
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	v, ok := s.values[key]
 	if !ok {
-		return nil, ErrNotFound
+		return nil, store.ErrNotFound
 	}
 	return append([]byte(nil), v...), nil
 }
 
-// List implements Store.
-func (s *EmbeddedStore) List(ctx context.Context, prefix string) (map[string][]byte, error) {
+// List implements store.Store.
+func (s *Store) List(ctx context.Context, prefix string) (map[string][]byte, error) {
 	if s.isClosed() {
-		return nil, ErrClosed
+		return nil, store.ErrClosed
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -250,10 +255,10 @@ func (s *EmbeddedStore) List(ctx context.Context, prefix string) (map[string][]b
 	return out, nil
 }
 
-// PutIfAbsent implements Store.
-func (s *EmbeddedStore) PutIfAbsent(ctx context.Context, key string, value []byte) ([]byte, error) {
+// PutIfAbsent implements store.Store.
+func (s *Store) PutIfAbsent(ctx context.Context, key string, value []byte) ([]byte, error) {
 	if s.isClosed() {
-		return nil, ErrClosed
+		return nil, store.ErrClosed
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -265,14 +270,14 @@ func (s *EmbeddedStore) PutIfAbsent(ctx context.Context, key string, value []byt
 }
 
 // Len returns the number of records held.
-func (s *EmbeddedStore) Len() int {
+func (s *Store) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.records)
 }
 
-// Close implements Store.
-func (s *EmbeddedStore) Close() error {
+// Close implements store.Store.
+func (s *Store) Close() error {
 	s.once.Do(func() { close(s.closed) })
 	return nil
 }

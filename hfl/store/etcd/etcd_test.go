@@ -1,4 +1,4 @@
-package hfl_test
+package etcd_test
 
 import (
 	"bufio"
@@ -20,22 +20,24 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/dyadfs/dyadfs/hfl"
-	"github.com/dyadfs/dyadfs/hfl/etcdtest"
-	"github.com/dyadfs/dyadfs/hfl/kvtest"
+	"github.com/dyadfs/dyadfs/hfl/store"
+	"github.com/dyadfs/dyadfs/hfl/store/etcd"
+	"github.com/dyadfs/dyadfs/hfl/store/etcd/etcdtest"
+	"github.com/dyadfs/dyadfs/hfl/store/storetest"
 )
 
 // openEtcd opens a store on srv (or on endpoint, if not empty) under prefix,
 // closed when the test ends.
-func openEtcd(t *testing.T, endpoint, prefix string, tune func(*hfl.EtcdConfig)) *hfl.EtcdStore {
+func openEtcd(t *testing.T, endpoint, prefix string, tune func(*etcd.Config)) *etcd.Store {
 	t.Helper()
-	cfg := hfl.DefaultEtcdConfig(endpoint)
+	cfg := etcd.DefaultConfig(endpoint)
 	cfg.Prefix = prefix
 	if tune != nil {
 		tune(&cfg)
 	}
-	s, err := hfl.OpenEtcdStore(context.Background(), cfg)
+	s, err := etcd.Open(context.Background(), cfg)
 	if err != nil {
-		t.Fatalf("OpenEtcdStore: %v", err)
+		t.Fatalf("etcd.Open: %v", err)
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
@@ -60,49 +62,27 @@ func testCtx(t *testing.T) context.Context {
 
 // eslot places a record of these tests under key, in a directory index of
 // their own.
-func eslot(key string) hfl.Slot { return hfl.Slot{Key: key, Dir: "etcdtest", Name: key} }
+func eslot(key string) store.Slot { return store.Slot{Key: key, Dir: "etcdtest", Name: key} }
 
-func record(path, owner string) hfl.Record {
-	return hfl.Record{Path: path, Owner: owner, Size: 42, Mode: 0o100644, MtimeNs: 1}
+func record(path, owner string) store.Record {
+	return store.Record{Path: path, Owner: owner, Size: 42, Mode: 0o100644, MtimeNs: 1}
 }
 
 func TestEtcdStoreConformance(t *testing.T) {
 	srv := etcdtest.Start(t)
 	var n atomic.Int64
-	kvtest.Run(t, func(t *testing.T) hfl.Store {
+	storetest.Run(t, func(t *testing.T) store.Store {
 		// One server, and a prefix per subtest so that each sees an empty store.
 		return openEtcd(t, srv.Endpoints(), fmt.Sprintf("/kvtest/%d/", n.Add(1)), nil)
 	})
 }
 
-func TestEtcdStoreURLs(t *testing.T) {
-	good := []string{"etcd://127.0.0.1:2379", "ETCD://h1:2379,h2:2379,h3:2379", "etcd://[::1]:2379", "etcd://etcd-0.etcd.svc:32379"}
-	for _, u := range good {
-		if err := hfl.ValidateStoreURL(u); err != nil {
-			t.Errorf("ValidateStoreURL(%q): %v", u, err)
-		}
-	}
-	bad := []string{"etcd://", "etcd", "etcd://h1", "etcd://h1:", "etcd://:2379", "etcd://h1:2379,", "etcd://h1:2379,,h2:2379",
-		"etcd://h1:0", "etcd://h1:70000", "etcd://h1:port", "etcd://http://h1:2379", "etcd://h1:2379/", "etcd://user@h1:2379", "etcds://h1:2379"}
-	for _, u := range bad {
-		err := hfl.ValidateStoreURL(u)
-		if err == nil {
-			t.Errorf("ValidateStoreURL(%q) accepted a bad URL", u)
-			continue
-		}
-		if strings.Contains(err.Error(), "\n") {
-			t.Errorf("ValidateStoreURL(%q): message spans lines: %q", u, err)
-		}
-		t.Logf("%s: %v", u, err)
-	}
-}
-
 func TestEtcdOpenStore(t *testing.T) {
 	srv := etcdtest.Start(t)
 	ctx := testCtx(t)
-	s, err := hfl.OpenStore(ctx, srv.URL())
+	s, err := etcd.Open(ctx, etcd.DefaultConfig(srv.Endpoints()))
 	if err != nil {
-		t.Fatalf("OpenStore(%s): %v", srv.URL(), err)
+		t.Fatalf("Open(%s): %v", srv.URL(), err)
 	}
 	defer s.Close()
 	out, err := s.Publish(ctx, eslot("job/k"), record("p", "n1"))
@@ -110,7 +90,7 @@ func TestEtcdOpenStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The generation is the key's revision in etcd, under the default prefix.
-	resp, err := rawClient(t, srv.Endpoints()).Get(ctx, hfl.DefaultEtcdPrefix+"rec/job/k")
+	resp, err := rawClient(t, srv.Endpoints()).Get(ctx, etcd.DefaultPrefix+"rec/job/k")
 	if err != nil || len(resp.Kvs) != 1 || uint64(resp.Kvs[0].ModRevision) != out.Generation {
 		t.Fatalf("raw read of the record = %v, %v; want mod revision %d", resp, err, out.Generation)
 	}
@@ -125,17 +105,21 @@ func TestEtcdOpenUnreachable(t *testing.T) {
 	l.Close() // nothing listens there now
 	for _, tc := range []struct {
 		name string
-		open func(ctx context.Context) (hfl.Store, error)
+		open func(ctx context.Context) (store.Store, error)
 	}{
-		{"OpenStore", func(ctx context.Context) (hfl.Store, error) {
+		{"Deadline", func(ctx context.Context) (store.Store, error) {
 			ctx, cancel := context.WithTimeout(ctx, time.Second)
 			defer cancel()
-			return hfl.OpenStore(ctx, "etcd://"+dead)
+			s, err := etcd.Open(ctx, etcd.DefaultConfig(dead))
+			if err != nil {
+				return nil, err // not a nil *Store in a non-nil store.Store
+			}
+			return s, nil
 		}},
-		{"DialTimeout", func(ctx context.Context) (hfl.Store, error) {
-			cfg := hfl.DefaultEtcdConfig(dead)
+		{"DialTimeout", func(ctx context.Context) (store.Store, error) {
+			cfg := etcd.DefaultConfig(dead)
 			cfg.DialTimeout = 500 * time.Millisecond
-			s, err := hfl.OpenEtcdStore(ctx, cfg)
+			s, err := etcd.Open(ctx, cfg)
 			if err != nil {
 				return nil, err
 			}
@@ -166,11 +150,11 @@ func TestEtcdOpenUnreachable(t *testing.T) {
 
 // waitResult is what a Wait run in a goroutine returns.
 type waitResult struct {
-	rec hfl.Record
+	rec store.Record
 	err error
 }
 
-func waitAsync(ctx context.Context, s hfl.Store, key string, after uint64) <-chan waitResult {
+func waitAsync(ctx context.Context, s store.Store, key string, after uint64) <-chan waitResult {
 	c := make(chan waitResult, 1)
 	go func() {
 		r, err := s.Wait(ctx, key, after)
@@ -188,7 +172,7 @@ func TestEtcdWaitSurvivesRestart(t *testing.T) {
 			t.Parallel()
 			srv := etcdtest.Start(t)
 			ctx := testCtx(t)
-			s := openEtcd(t, srv.Endpoints(), "/restart/", func(c *hfl.EtcdConfig) {
+			s := openEtcd(t, srv.Endpoints(), "/restart/", func(c *etcd.Config) {
 				// Short, so that reads made while etcd is down time out and
 				// are retried during the outage.
 				c.RequestTimeout = time.Second
@@ -223,7 +207,7 @@ func TestEtcdWaitSurvivesRestart(t *testing.T) {
 			}
 
 			// The client reconnects within its backoff (at most DialTimeout).
-			var second hfl.Record
+			var second store.Record
 			deadline := time.Now().Add(15 * time.Second)
 			for {
 				second, err = s.Publish(ctx, eslot("job/k"), record("p", "n2"))
@@ -261,7 +245,7 @@ func TestEtcdWaitSurvivesRestart(t *testing.T) {
 func TestEtcdCallsFailWhileDown(t *testing.T) {
 	srv := etcdtest.Start(t)
 	const timeout = time.Second
-	s := openEtcd(t, srv.Endpoints(), "/down/", func(c *hfl.EtcdConfig) { c.RequestTimeout = timeout })
+	s := openEtcd(t, srv.Endpoints(), "/down/", func(c *etcd.Config) { c.RequestTimeout = timeout })
 	ctx := testCtx(t)
 	srv.Stop()
 
@@ -269,7 +253,7 @@ func TestEtcdCallsFailWhileDown(t *testing.T) {
 		"Publish": func(ctx context.Context) error { _, err := s.Publish(ctx, eslot("k"), record("p", "n1")); return err },
 		"Lookup":  func(ctx context.Context) error { _, err := s.Lookup(ctx, "k"); return err },
 		"Remove": func(ctx context.Context) error {
-			_, err := s.Remove(ctx, eslot("k"), hfl.RemoveCond{Owner: "n1"})
+			_, err := s.Remove(ctx, eslot("k"), store.RemoveCond{Owner: "n1"})
 			return err
 		},
 		"Register": func(ctx context.Context) error {
@@ -285,7 +269,7 @@ func TestEtcdCallsFailWhileDown(t *testing.T) {
 				start := time.Now()
 				err := call(ctx)
 				took := time.Since(start)
-				if !errors.Is(err, hfl.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+				if !errors.Is(err, store.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
 					t.Fatalf("%s while etcd is down: %v; want ErrUnavailable and DeadlineExceeded", name, err)
 				}
 				if took > timeout+time.Second {
@@ -298,7 +282,7 @@ func TestEtcdCallsFailWhileDown(t *testing.T) {
 				defer cancel()
 				start = time.Now()
 				err = call(sctx)
-				if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, hfl.ErrUnavailable) || time.Since(start) > timeout {
+				if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, store.ErrUnavailable) || time.Since(start) > timeout {
 					t.Fatalf("%s with a 200ms deadline: %v after %v; want the caller's deadline", name, err, time.Since(start))
 				}
 			})
@@ -312,7 +296,7 @@ func TestEtcdCallsFailWhileDown(t *testing.T) {
 		defer cancel()
 		start := time.Now()
 		_, err := s.Wait(wctx, "k", 0)
-		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, hfl.ErrUnavailable) || time.Since(start) < 3*timeout {
+		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, store.ErrUnavailable) || time.Since(start) < 3*timeout {
 			t.Fatalf("Wait while etcd is down: %v after %v; want its own deadline", err, time.Since(start))
 		}
 	})
@@ -325,7 +309,7 @@ func TestEtcdCallsFailWhileDown(t *testing.T) {
 		s2.Close()
 		select {
 		case r := <-done:
-			if !errors.Is(r.err, hfl.ErrClosed) {
+			if !errors.Is(r.err, store.ErrClosed) {
 				t.Fatalf("Wait after Close: %v, want ErrClosed", r.err)
 			}
 		case <-time.After(3 * time.Second):
@@ -337,7 +321,7 @@ func TestEtcdCallsFailWhileDown(t *testing.T) {
 
 // openEtcdDown opens a store while srv is down: it starts srv for the
 // reachability check, then stops it again.
-func openEtcdDown(t *testing.T, srv *etcdtest.Server) *hfl.EtcdStore {
+func openEtcdDown(t *testing.T, srv *etcdtest.Server) *etcd.Store {
 	srv.Restart(t)
 	s := openEtcd(t, srv.Endpoints(), "/down/", nil)
 	srv.Stop()
@@ -363,10 +347,10 @@ func TestEtcdRegisterWithdrawnOnClose(t *testing.T) {
 	if err := a.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if v, err := b.Get(ctx, "job/nodes/a"); !errors.Is(err, hfl.ErrNotFound) {
+	if v, err := b.Get(ctx, "job/nodes/a"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Get right after Close = %q, %v; want ErrNotFound", v, err)
 	}
-	if err := a.Register(ctx, "job/nodes/a", []byte("x"), time.Second, nil); !errors.Is(err, hfl.ErrClosed) {
+	if err := a.Register(ctx, "job/nodes/a", []byte("x"), time.Second, nil); !errors.Is(err, store.ErrClosed) {
 		t.Fatalf("Register after Close: %v, want ErrClosed", err)
 	}
 	if err := b.Register(ctx, "job/nodes/b", []byte("x"), 0, nil); err == nil {
@@ -413,7 +397,7 @@ func TestEtcdRegisterChild(t *testing.T) {
 	if endpoint == "" {
 		t.Skip("helper process of TestEtcdRegisterExpiresWhenProcessDies")
 	}
-	s, err := hfl.OpenEtcdStore(context.Background(), hfl.DefaultEtcdConfig(endpoint))
+	s, err := etcd.Open(context.Background(), etcd.DefaultConfig(endpoint))
 	if err != nil {
 		fmt.Println("error:", err)
 		os.Exit(1)
@@ -432,7 +416,7 @@ func TestEtcdRegisterChild(t *testing.T) {
 func TestEtcdRegisterExpiresWhenProcessDies(t *testing.T) {
 	srv := etcdtest.Start(t)
 	ctx := testCtx(t)
-	s := openEtcd(t, srv.Endpoints(), hfl.DefaultEtcdPrefix, nil)
+	s := openEtcd(t, srv.Endpoints(), etcd.DefaultPrefix, nil)
 	raw := rawClient(t, srv.Endpoints())
 
 	child := exec.Command(os.Args[0], "-test.run=^TestEtcdRegisterChild$", "-test.timeout=2m")
@@ -456,12 +440,12 @@ func TestEtcdRegisterExpiresWhenProcessDies(t *testing.T) {
 	}
 	go io.Copy(io.Discard, out)
 
-	resp, err := raw.Get(ctx, hfl.DefaultEtcdPrefix+"val/job/nodes/child")
+	resp, err := raw.Get(ctx, etcd.DefaultPrefix+"val/job/nodes/child")
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("raw Get of the registration = %v, %v", resp, err)
 	}
 	// Watch for the deletion from now on.
-	wch := raw.Watch(ctx, hfl.DefaultEtcdPrefix+"val/job/nodes/child", clientv3.WithRev(resp.Header.Revision+1))
+	wch := raw.Watch(ctx, etcd.DefaultPrefix+"val/job/nodes/child", clientv3.WithRev(resp.Header.Revision+1))
 
 	// Let a few renewals pass, then kill the daemon.
 	time.Sleep(2 * time.Second)
@@ -488,7 +472,7 @@ func TestEtcdRegisterExpiresWhenProcessDies(t *testing.T) {
 	case <-time.After(6 * time.Second):
 		t.Fatalf("registration still there 6s after the daemon was killed (TTL 2s)")
 	}
-	if _, err := s.Get(ctx, "job/nodes/child"); !errors.Is(err, hfl.ErrNotFound) {
+	if _, err := s.Get(ctx, "job/nodes/child"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Get after expiry: %v, want ErrNotFound", err)
 	}
 }
@@ -640,7 +624,7 @@ func TestEtcdRemoveRacesPublish(t *testing.T) {
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			if _, err := a.Remove(ctx, eslot(key), hfl.RemoveCond{Owner: "nA"}); err != nil && !errors.Is(err, hfl.ErrNotFound) && !errors.Is(err, hfl.ErrConflict) {
+			if _, err := a.Remove(ctx, eslot(key), store.RemoveCond{Owner: "nA"}); err != nil && !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrConflict) {
 				t.Errorf("Remove: %v", err)
 			}
 		}()
@@ -662,10 +646,10 @@ func TestEtcdRemoveRacesPublish(t *testing.T) {
 func TestEtcdNamespacesApart(t *testing.T) {
 	srv := etcdtest.Start(t)
 	ctx := testCtx(t)
-	job := func(ns string) (*hfl.Locator, hfl.Store) {
+	job := func(ns string) (*hfl.Locator, store.Store) {
 		cfg := hfl.DefaultLocatorConfig()
 		cfg.Namespace = ns
-		s := openEtcd(t, srv.Endpoints(), hfl.DefaultEtcdPrefix, nil)
+		s := openEtcd(t, srv.Endpoints(), etcd.DefaultPrefix, nil)
 		loc, err := hfl.NewLocator(cfg, s, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -673,7 +657,7 @@ func TestEtcdNamespacesApart(t *testing.T) {
 		return loc, s
 	}
 	a, storeA := job("jobA")
-	b, _ := job("jobB")
+	b, storeB := job("jobB")
 	const path = "run1/step7.dat"
 	if a.Key(path) == b.Key(path) {
 		t.Fatalf("both namespaces key %s as %s", path, a.Key(path))
@@ -683,7 +667,7 @@ func TestEtcdNamespacesApart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := b.Locate(ctx, path); !errors.Is(err, hfl.ErrNotFound) {
+	if _, _, err := b.Locate(ctx, path); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("jobB found jobA's record: %v", err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
@@ -730,18 +714,18 @@ func TestEtcdNamespacesApart(t *testing.T) {
 	if err := a.Register(ctx, hfl.Member{Node: "n1", Transport: "tcp", Addr: "a:1"}, 5*time.Second); err != nil {
 		t.Fatalf("n1 registering again at its own address: %v", err)
 	}
-	sa, err := a.JobSecret(ctx)
+	sa, err := hfl.JobSecret(ctx, storeA, "jobA")
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb, err := b.JobSecret(ctx)
+	sb, err := hfl.JobSecret(ctx, storeB, "jobB")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if string(sa) == string(sb) {
 		t.Fatalf("both jobs got the same secret")
 	}
-	if sa2, err := a.JobSecret(ctx); err != nil || string(sa2) != string(sa) {
+	if sa2, err := hfl.JobSecret(ctx, storeA, "jobA"); err != nil || string(sa2) != string(sa) {
 		t.Fatalf("jobA's secret changed: %v", err)
 	}
 }
@@ -787,7 +771,7 @@ func TestEtcdSameNodeIDAtOnce(t *testing.T) {
 	daemon := func() *hfl.Locator {
 		cfg := hfl.DefaultLocatorConfig()
 		cfg.Namespace = "job"
-		loc, err := hfl.NewLocator(cfg, openEtcd(t, srv.Endpoints(), hfl.DefaultEtcdPrefix, nil), nil)
+		loc, err := hfl.NewLocator(cfg, openEtcd(t, srv.Endpoints(), etcd.DefaultPrefix, nil), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,7 +1,7 @@
-// Package kvtest is the conformance suite every hfl.Store backend must pass.
+// Package storetest is the conformance suite every store.Store backend must pass.
 // A backend's test calls Run with a factory that returns a fresh, empty store
 // (or a store scoped so that the keys used here are unseen).
-package kvtest
+package storetest
 
 import (
 	"context"
@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dyadfs/dyadfs/hfl"
+	"github.com/dyadfs/dyadfs/hfl/store"
 )
 
 // Factory returns a store for one subtest. The suite closes it.
-type Factory func(t *testing.T) hfl.Store
+type Factory func(t *testing.T) store.Store
 
 // bound caps every call in the suite so that a broken backend fails instead of
 // hanging the test binary.
@@ -26,7 +26,7 @@ const bound = 30 * time.Second
 func Run(t *testing.T, newStore Factory) {
 	tests := []struct {
 		name string
-		fn   func(*testing.T, hfl.Store)
+		fn   func(*testing.T, store.Store)
 	}{
 		{"LookupMissing", lookupMissing},
 		{"PublishLookup", publishLookup},
@@ -66,29 +66,29 @@ func ctxFor(t *testing.T) context.Context {
 	return ctx
 }
 
-func rec(path, owner string, size int64) hfl.Record {
-	return hfl.Record{Path: path, Owner: owner, Size: size, Mode: 0o100644, Uid: 1000, Gid: 100, MtimeNs: 1700000000123456789}
+func rec(path, owner string, size int64) store.Record {
+	return store.Record{Path: path, Owner: owner, Size: size, Mode: 0o100644, Uid: 1000, Gid: 100, MtimeNs: 1700000000123456789}
 }
 
 // slotOf is the slot of a record of the suite: under key, and in the index
 // of the record's directory (apart from other suites' directories).
-func slotOf(key string, r hfl.Record) hfl.Slot {
-	return hfl.Slot{Key: key, Dir: "kvtest/" + path.Dir(r.Path), Name: path.Base(r.Path)}
+func slotOf(key string, r store.Record) store.Slot {
+	return store.Slot{Key: key, Dir: "kvtest/" + path.Dir(r.Path), Name: path.Base(r.Path)}
 }
 
 // publish publishes r under key in its slot.
-func publish(ctx context.Context, s hfl.Store, key string, r hfl.Record) (hfl.Record, error) {
+func publish(ctx context.Context, s store.Store, key string, r store.Record) (store.Record, error) {
 	return s.Publish(ctx, slotOf(key, r), r)
 }
 
-func lookupMissing(t *testing.T, s hfl.Store) {
+func lookupMissing(t *testing.T, s store.Store) {
 	_, err := s.Lookup(ctxFor(t), "kvtest/missing")
-	if !errors.Is(err, hfl.ErrNotFound) {
+	if !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Lookup of a missing key: got %v, want ErrNotFound", err)
 	}
 }
 
-func publishLookup(t *testing.T, s hfl.Store) {
+func publishLookup(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
 	in := rec("run1/step7.dat", "nodeA", 4096)
 	out, err := publish(ctx, s, "kvtest/a", in)
@@ -108,7 +108,7 @@ func publishLookup(t *testing.T, s hfl.Store) {
 	}
 }
 
-func generationsGrow(t *testing.T, s hfl.Store) {
+func generationsGrow(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
 	var last uint64
 	for i := 0; i < 5; i++ {
@@ -127,7 +127,7 @@ func generationsGrow(t *testing.T, s hfl.Store) {
 	}
 }
 
-func waitExisting(t *testing.T, s hfl.Store) {
+func waitExisting(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
 	out, err := publish(ctx, s, "kvtest/w", rec("w", "nodeA", 1))
 	if err != nil {
@@ -139,10 +139,10 @@ func waitExisting(t *testing.T, s hfl.Store) {
 	}
 }
 
-func waitForPublish(t *testing.T, s hfl.Store) {
+func waitForPublish(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
 	type result struct {
-		rec hfl.Record
+		rec store.Record
 		err error
 	}
 	done := make(chan result, 1)
@@ -160,13 +160,13 @@ func waitForPublish(t *testing.T, s hfl.Store) {
 	}
 }
 
-func waitNewer(t *testing.T, s hfl.Store) {
+func waitNewer(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
 	first, err := publish(ctx, s, "kvtest/n", rec("n", "nodeA", 1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan hfl.Record, 1)
+	done := make(chan store.Record, 1)
 	errc := make(chan error, 1)
 	go func() {
 		r, err := s.Wait(ctx, "kvtest/n", first.Generation)
@@ -190,7 +190,7 @@ func waitNewer(t *testing.T, s hfl.Store) {
 	}
 }
 
-func waitCanceled(t *testing.T, s hfl.Store) {
+func waitCanceled(t *testing.T, s store.Store) {
 	ctx, cancel := context.WithCancel(ctxFor(t))
 	errc := make(chan error, 1)
 	go func() {
@@ -203,7 +203,7 @@ func waitCanceled(t *testing.T, s hfl.Store) {
 	}
 }
 
-func waitDeadline(t *testing.T, s hfl.Store) {
+func waitDeadline(t *testing.T, s store.Store) {
 	ctx, cancel := context.WithTimeout(ctxFor(t), 50*time.Millisecond)
 	defer cancel()
 	_, err := s.Wait(ctx, "kvtest/never", 0)
@@ -212,57 +212,57 @@ func waitDeadline(t *testing.T, s hfl.Store) {
 	}
 }
 
-func removeByOwner(t *testing.T, s hfl.Store) {
+func removeByOwner(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
 	r := rec("r", "nodeA", 1)
 	pub, err := publish(ctx, s, "kvtest/r", r)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Remove(ctx, slotOf("kvtest/r", r), hfl.RemoveCond{Owner: "nodeB"}); !errors.Is(err, hfl.ErrConflict) {
+	if _, err := s.Remove(ctx, slotOf("kvtest/r", r), store.RemoveCond{Owner: "nodeB"}); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("Remove by another owner: got %v, want ErrConflict", err)
 	}
 	if _, err := s.Lookup(ctx, "kvtest/r"); err != nil {
 		t.Fatalf("record gone after Remove by another owner: %v", err)
 	}
-	if _, err := s.Remove(ctx, slotOf("kvtest/r", r), hfl.RemoveCond{MaxGeneration: pub.Generation - 1}); !errors.Is(err, hfl.ErrConflict) {
+	if _, err := s.Remove(ctx, slotOf("kvtest/r", r), store.RemoveCond{MaxGeneration: pub.Generation - 1}); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("Remove of an older generation: got %v, want ErrConflict", err)
 	}
-	at, err := s.Remove(ctx, slotOf("kvtest/r", r), hfl.RemoveCond{Owner: "nodeA", MaxGeneration: pub.Generation})
+	at, err := s.Remove(ctx, slotOf("kvtest/r", r), store.RemoveCond{Owner: "nodeA", MaxGeneration: pub.Generation})
 	if err != nil {
 		t.Fatalf("Remove by owner: %v", err)
 	}
 	if at <= pub.Generation {
 		t.Fatalf("Remove at generation %d, not above the record's %d", at, pub.Generation)
 	}
-	if _, err := s.Lookup(ctx, "kvtest/r"); !errors.Is(err, hfl.ErrNotFound) {
+	if _, err := s.Lookup(ctx, "kvtest/r"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Lookup after Remove: got %v, want ErrNotFound", err)
 	}
 	r2 := rec("r2", "nodeA", 1)
 	if _, err := publish(ctx, s, "kvtest/r2", r2); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Remove(ctx, slotOf("kvtest/r2", r2), hfl.RemoveCond{}); err != nil {
+	if _, err := s.Remove(ctx, slotOf("kvtest/r2", r2), store.RemoveCond{}); err != nil {
 		t.Fatalf("Remove with any owner: %v", err)
 	}
-	if _, err := s.Lookup(ctx, "kvtest/r2"); !errors.Is(err, hfl.ErrNotFound) {
+	if _, err := s.Lookup(ctx, "kvtest/r2"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Lookup after unconditional Remove: got %v, want ErrNotFound", err)
 	}
 }
 
-func removeMissing(t *testing.T, s hfl.Store) {
-	if _, err := s.Remove(ctxFor(t), slotOf("kvtest/none", rec("none", "", 0)), hfl.RemoveCond{}); !errors.Is(err, hfl.ErrNotFound) {
+func removeMissing(t *testing.T, s store.Store) {
+	if _, err := s.Remove(ctxFor(t), slotOf("kvtest/none", rec("none", "", 0)), store.RemoveCond{}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Remove of a missing key: got %v, want ErrNotFound", err)
 	}
 }
 
-func generationNotReused(t *testing.T, s hfl.Store) {
+func generationNotReused(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
 	first, err := publish(ctx, s, "kvtest/re", rec("re", "nodeA", 1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Remove(ctx, slotOf("kvtest/re", rec("re", "", 0)), hfl.RemoveCond{}); err != nil {
+	if _, err := s.Remove(ctx, slotOf("kvtest/re", rec("re", "", 0)), store.RemoveCond{}); err != nil {
 		t.Fatal(err)
 	}
 	second, err := publish(ctx, s, "kvtest/re", rec("re", "nodeA", 2))
@@ -279,7 +279,7 @@ func generationNotReused(t *testing.T, s hfl.Store) {
 	}
 }
 
-func oddKeys(t *testing.T, s hfl.Store) {
+func oddKeys(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
 	keys := []string{"kvtest/with space", "kvtest/ünïcödé/ファイル", "kvtest/a.b.c/d", "kvtest/x%2F..y"}
 	for i, k := range keys {
@@ -295,7 +295,7 @@ func oddKeys(t *testing.T, s hfl.Store) {
 	}
 }
 
-func manyWaiters(t *testing.T, s hfl.Store) {
+func manyWaiters(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
 	const keys, perKey = 20, 5
 	var wg sync.WaitGroup
@@ -329,9 +329,9 @@ func manyWaiters(t *testing.T, s hfl.Store) {
 	}
 }
 
-func registerGet(t *testing.T, s hfl.Store) {
+func registerGet(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
-	if _, err := s.Get(ctx, "kvtest/nodes/a"); !errors.Is(err, hfl.ErrNotFound) {
+	if _, err := s.Get(ctx, "kvtest/nodes/a"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Get of an unregistered key: %v, want ErrNotFound", err)
 	}
 	if err := s.Register(ctx, "kvtest/nodes/a", []byte("addr-a"), 5*time.Second, nil); err != nil {
@@ -347,7 +347,7 @@ func registerGet(t *testing.T, s hfl.Store) {
 		}
 	}
 	// A registered value is not a record.
-	if _, err := s.Lookup(ctx, "kvtest/nodes/a"); !errors.Is(err, hfl.ErrNotFound) {
+	if _, err := s.Lookup(ctx, "kvtest/nodes/a"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Lookup of a registered value: %v, want ErrNotFound", err)
 	}
 }
@@ -355,7 +355,7 @@ func registerGet(t *testing.T, s hfl.Store) {
 // registerClaimOneWins: of many registrations of one key at once, each
 // refusing any value already there, exactly one succeeds, and each refused
 // one was shown the winner's value.
-func registerClaimOneWins(t *testing.T, s hfl.Store) {
+func registerClaimOneWins(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
 	const n = 8
 	errTaken := errors.New("taken")
@@ -405,7 +405,7 @@ func registerClaimOneWins(t *testing.T, s hfl.Store) {
 	}
 }
 
-func putIfAbsentFirstWins(t *testing.T, s hfl.Store) {
+func putIfAbsentFirstWins(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
 	const n = 8
 	results := make(chan string, n)
@@ -437,7 +437,7 @@ func putIfAbsentFirstWins(t *testing.T, s hfl.Store) {
 	}
 }
 
-func closeEndsWaits(t *testing.T, s hfl.Store) {
+func closeEndsWaits(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
 	errc := make(chan error, 1)
 	started := make(chan struct{})
@@ -455,7 +455,7 @@ func closeEndsWaits(t *testing.T, s hfl.Store) {
 	}
 }
 
-func listByPrefix(t *testing.T, s hfl.Store) {
+func listByPrefix(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
 	got, err := s.List(ctx, "kvtest/list/")
 	if err != nil || len(got) != 0 {
@@ -488,11 +488,11 @@ func listByPrefix(t *testing.T, s hfl.Store) {
 }
 
 // dirSlot places name in directory dir of the suite, under its own key.
-func dirSlot(dir, name string) hfl.Slot {
-	return hfl.Slot{Key: "kvtest/k/" + dir + "/" + name, Dir: "kvtest/" + dir, Name: name}
+func dirSlot(dir, name string) store.Slot {
+	return store.Slot{Key: "kvtest/k/" + dir + "/" + name, Dir: "kvtest/" + dir, Name: name}
 }
 
-func names(recs []hfl.Record) []string {
+func names(recs []store.Record) []string {
 	var out []string
 	for _, r := range recs {
 		out = append(out, path.Base(r.Path))
@@ -500,11 +500,11 @@ func names(recs []hfl.Record) []string {
 	return out
 }
 
-func listDir(t *testing.T, s hfl.Store) {
+func listDir(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
 	// A directory, its subdirectory, and a sibling whose name extends it:
 	// each index holds its own entries only.
-	put := func(dir, name string, size int64) hfl.Record {
+	put := func(dir, name string, size int64) store.Record {
 		t.Helper()
 		out, err := s.Publish(ctx, dirSlot(dir, name), rec(dir+"/"+name, "nodeA", size))
 		if err != nil {
@@ -540,7 +540,7 @@ func listDir(t *testing.T, s hfl.Store) {
 	}
 }
 
-func listDirPages(t *testing.T, s hfl.Store) {
+func listDirPages(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
 	const n = 25
 	var want []string
@@ -572,17 +572,17 @@ func listDirPages(t *testing.T, s hfl.Store) {
 	}
 }
 
-func listDirFollowsRemove(t *testing.T, s hfl.Store) {
+func listDirFollowsRemove(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
 	for _, name := range []string{"a", "b"} {
 		if _, err := s.Publish(ctx, dirSlot("rm", name), rec("rm/"+name, "nodeA", 1)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := s.Remove(ctx, dirSlot("rm", "a"), hfl.RemoveCond{Owner: "nodeB"}); !errors.Is(err, hfl.ErrConflict) {
+	if _, err := s.Remove(ctx, dirSlot("rm", "a"), store.RemoveCond{Owner: "nodeB"}); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("Remove by another owner: got %v, want ErrConflict", err)
 	}
-	if _, err := s.Remove(ctx, dirSlot("rm", "a"), hfl.RemoveCond{}); err != nil {
+	if _, err := s.Remove(ctx, dirSlot("rm", "a"), store.RemoveCond{}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.ListDir(ctx, "kvtest/rm", "", 0)
@@ -591,9 +591,9 @@ func listDirFollowsRemove(t *testing.T, s hfl.Store) {
 	}
 }
 
-func recordFields(t *testing.T, s hfl.Store) {
+func recordFields(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
-	in := []hfl.Record{
+	in := []store.Record{
 		{Path: "f/dir", Owner: "nodeA", Mode: 0o40755, Uid: 7, Gid: 8, MtimeNs: 1},
 		{Path: "f/link", Owner: "nodeA", Mode: 0o120777, Size: 6, Target: "../tgt", MtimeNs: 2},
 		{Path: "f/file", Owner: "nodeB", Mode: 0o100600, Size: 9, Uid: 1001, Gid: 1002, MtimeNs: 3, Writing: true},

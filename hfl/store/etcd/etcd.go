@@ -1,34 +1,11 @@
-package hfl
-
-import (
-	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"math"
-	"net"
-	"strconv"
-	"strings"
-	"sync"
-	"time"
-
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-)
-
-// The etcd backend keeps the store in an etcd cluster shared by every node
+// Package etcd keeps the metadata store in an etcd cluster shared by every node
 // of a job (URL etcd://host:port[,host:port...]).
 //
 // Layout. The store holds two maps, records and registered values, and the
 // conformance suite requires them to be apart (a registered value is not a
 // record), so each has its own subtree under the prefix:
 //
-//	<prefix>rec/<key>           a Record as JSON; its "gen" field is stored as 0
+//	<prefix>rec/<key>           a store.Record as JSON; its "gen" field is stored as 0
 //	<prefix>dir/<dir>//<name>   the same record, in its directory's index
 //	<prefix>val/<key>           a value of Register or PutIfAbsent, raw bytes
 //
@@ -59,9 +36,33 @@ import (
 // renewing, and the server deletes the value when the lease's TTL runs out.
 // etcd raises short TTLs to its minimum, ceil(1.5 x election timeout): 2 s
 // with etcd's default 1 s election timeout, so a TTL of 1 s lasts 2 s.
+package etcd
 
-// DefaultEtcdPrefix is where the store's keys live in etcd.
-const DefaultEtcdPrefix = "/dyadfs/"
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dyadfs/dyadfs/hfl/store"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// DefaultPrefix is where the store's keys live in etcd.
+const DefaultPrefix = "/dyadfs/"
 
 // Subtrees under the prefix.
 const (
@@ -78,24 +79,19 @@ const (
 	etcdMaxRecvBytes = 16 << 20
 )
 
-// ErrUnavailable means the metadata store did not answer in time: the
-// servers are down, unreachable or without a leader. Such errors also match
-// context.DeadlineExceeded.
-var ErrUnavailable = errors.New("metadata store unavailable")
-
-// EtcdConfig configures the etcd backend.
-type EtcdConfig struct {
+// Config configures the etcd backend.
+type Config struct {
 	// Endpoints are the client addresses of the etcd cluster, host:port.
 	Endpoints []string
 	// Prefix is prepended to every key; different prefixes on one cluster
 	// are different stores.
 	Prefix string
 	// DialTimeout bounds each connection attempt and the reachability check
-	// of OpenEtcdStore. After a failed attempt the client tries again within
+	// of Open. After a failed attempt the client tries again within
 	// DialTimeout, so a server that comes back is found quickly.
 	DialTimeout time.Duration
 	// RequestTimeout bounds every call to etcd (each attempt of a waiting
-	// read too): a call fails with ErrUnavailable rather than hang while
+	// read too): a call fails with store.ErrUnavailable rather than hang while
 	// etcd is down. The caller's context bounds it further.
 	RequestTimeout time.Duration
 	// KeepAliveTime and KeepAliveTimeout: a connection with open watches or
@@ -107,11 +103,11 @@ type EtcdConfig struct {
 	KeepAliveTimeout time.Duration
 }
 
-// DefaultEtcdConfig returns the defaults for the given endpoints.
-func DefaultEtcdConfig(endpoints ...string) EtcdConfig {
-	return EtcdConfig{
+// DefaultConfig returns the defaults for the given endpoints.
+func DefaultConfig(endpoints ...string) Config {
+	return Config{
 		Endpoints:        endpoints,
-		Prefix:           DefaultEtcdPrefix,
+		Prefix:           DefaultPrefix,
 		DialTimeout:      3 * time.Second,
 		RequestTimeout:   5 * time.Second,
 		KeepAliveTime:    10 * time.Second,
@@ -120,17 +116,17 @@ func DefaultEtcdConfig(endpoints ...string) EtcdConfig {
 }
 
 // Validate checks the configuration without connecting.
-func (c EtcdConfig) Validate() error {
+func (c Config) Validate() error {
 	if len(c.Endpoints) == 0 {
 		return errors.New("etcd: no endpoints (want host:port)")
 	}
 	for _, ep := range c.Endpoints {
-		if err := checkEtcdEndpoint(ep); err != nil {
+		if err := checkEndpoint(ep); err != nil {
 			return err
 		}
 	}
 	if c.Prefix == "" {
-		return errors.New("etcd: empty key prefix (the default is " + DefaultEtcdPrefix + ")")
+		return errors.New("etcd: empty key prefix (the default is " + DefaultPrefix + ")")
 	}
 	for name, d := range map[string]time.Duration{
 		"dial timeout": c.DialTimeout, "request timeout": c.RequestTimeout,
@@ -143,22 +139,22 @@ func (c EtcdConfig) Validate() error {
 	return nil
 }
 
-// parseEtcdEndpoints splits the address part of an etcd:// URL into its
+// ParseEndpoints splits the address part of an etcd:// URL into its
 // endpoints and checks their form.
-func parseEtcdEndpoints(addr string) ([]string, error) {
+func ParseEndpoints(addr string) ([]string, error) {
 	if addr == "" {
 		return nil, errors.New("no endpoints: want etcd://host:port[,host:port...]")
 	}
 	eps := strings.Split(addr, ",")
 	for _, ep := range eps {
-		if err := checkEtcdEndpoint(ep); err != nil {
+		if err := checkEndpoint(ep); err != nil {
 			return nil, err
 		}
 	}
 	return eps, nil
 }
 
-func checkEtcdEndpoint(ep string) error {
+func checkEndpoint(ep string) error {
 	const want = "want host:port, e.g. 127.0.0.1:2379, comma-separated for several"
 	if ep == "" {
 		return fmt.Errorf("empty etcd endpoint: %s", want)
@@ -176,9 +172,9 @@ func checkEtcdEndpoint(ep string) error {
 	return nil
 }
 
-// EtcdStore is the Store kept in an etcd cluster.
-type EtcdStore struct {
-	cfg       EtcdConfig
+// Store is the metadata store kept in an etcd cluster.
+type Store struct {
+	cfg       Config
 	endpoints string // for messages
 	cli       *clientv3.Client
 
@@ -194,11 +190,11 @@ type EtcdStore struct {
 	regs  map[string]*etcdRegistration
 }
 
-var _ Store = (*EtcdStore)(nil)
+var _ store.Store = (*Store)(nil)
 
-// OpenEtcdStore connects to the etcd cluster and checks, within
+// Open connects to the etcd cluster and checks, within
 // cfg.DialTimeout (or ctx, if shorter), that it answers a read.
-func OpenEtcdStore(ctx context.Context, cfg EtcdConfig) (*EtcdStore, error) {
+func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -245,7 +241,7 @@ func OpenEtcdStore(ctx context.Context, cfg EtcdConfig) (*EtcdStore, error) {
 		return nil, fmt.Errorf("metadata store etcd://%s: %w: %s", endpoints, err, hint)
 	}
 	sctx, scancel := context.WithCancel(context.Background())
-	return &EtcdStore{
+	return &Store{
 		cfg:       cfg,
 		endpoints: endpoints,
 		cli:       cli,
@@ -255,17 +251,17 @@ func OpenEtcdStore(ctx context.Context, cfg EtcdConfig) (*EtcdStore, error) {
 	}, nil
 }
 
-func (s *EtcdStore) recordKey(key string) string { return s.cfg.Prefix + etcdRecordDir + key }
-func (s *EtcdStore) valueKey(key string) string  { return s.cfg.Prefix + etcdValueDir + key }
+func (s *Store) recordKey(key string) string { return s.cfg.Prefix + etcdRecordDir + key }
+func (s *Store) valueKey(key string) string  { return s.cfg.Prefix + etcdValueDir + key }
 
 // indexPrefix is where the entries of directory dir are kept.
-func (s *EtcdStore) indexPrefix(dir string) string { return s.cfg.Prefix + etcdIndexDir + dir + "//" }
+func (s *Store) indexPrefix(dir string) string { return s.cfg.Prefix + etcdIndexDir + dir + "//" }
 
-func (s *EtcdStore) indexKey(slot Slot) string { return s.indexPrefix(slot.Dir) + slot.Name }
+func (s *Store) indexKey(slot store.Slot) string { return s.indexPrefix(slot.Dir) + slot.Name }
 
 // call returns the context of one call to etcd: the caller's, bounded by
 // RequestTimeout and ended by Close.
-func (s *EtcdStore) call(ctx context.Context) (context.Context, context.CancelFunc) {
+func (s *Store) call(ctx context.Context) (context.Context, context.CancelFunc) {
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	stop := context.AfterFunc(s.ctx, cancel)
 	return cctx, func() {
@@ -275,38 +271,38 @@ func (s *EtcdStore) call(ctx context.Context) (context.Context, context.CancelFu
 }
 
 // fail turns the error of a call made with cctx, derived by call from ctx,
-// into the store's: ErrClosed after Close, the caller's context error, or
-// ErrUnavailable when the request timeout ran out.
-func (s *EtcdStore) fail(ctx, cctx context.Context, op, key string, err error) error {
+// into the store's: store.ErrClosed after Close, the caller's context error, or
+// store.ErrUnavailable when the request timeout ran out.
+func (s *Store) fail(ctx, cctx context.Context, op, key string, err error) error {
 	switch {
 	case s.ctx.Err() != nil:
-		return fmt.Errorf("etcd: %s %q: %w", op, key, ErrClosed)
+		return fmt.Errorf("etcd: %s %q: %w", op, key, store.ErrClosed)
 	case ctx.Err() != nil:
 		return fmt.Errorf("etcd: %s %q: %w", op, key, ctx.Err())
 	case errors.Is(cctx.Err(), context.DeadlineExceeded):
 		return fmt.Errorf("etcd: %s %q: %w: no answer from %s within %v (%w)",
-			op, key, ErrUnavailable, s.endpoints, s.cfg.RequestTimeout, context.DeadlineExceeded)
+			op, key, store.ErrUnavailable, s.endpoints, s.cfg.RequestTimeout, context.DeadlineExceeded)
 	}
 	return fmt.Errorf("etcd: %s %q at %s: %w", op, key, s.endpoints, err)
 }
 
-func (s *EtcdStore) checkOpen() error {
+func (s *Store) checkOpen() error {
 	if s.ctx.Err() != nil {
-		return ErrClosed
+		return store.ErrClosed
 	}
 	return nil
 }
 
-// Publish implements Store: one transaction that puts the record and its
+// Publish implements store.Store: one transaction that puts the record and its
 // index entry; its revision is the generation.
-func (s *EtcdStore) Publish(ctx context.Context, slot Slot, rec Record) (Record, error) {
+func (s *Store) Publish(ctx context.Context, slot store.Slot, rec store.Record) (store.Record, error) {
 	if err := s.checkOpen(); err != nil {
-		return Record{}, err
+		return store.Record{}, err
 	}
 	rec.Generation = 0
 	v, err := json.Marshal(rec)
 	if err != nil {
-		return Record{}, fmt.Errorf("etcd: publish %q: %w", slot.Key, err)
+		return store.Record{}, fmt.Errorf("etcd: publish %q: %w", slot.Key, err)
 	}
 	cctx, cancel := s.call(ctx)
 	defer cancel()
@@ -315,21 +311,21 @@ func (s *EtcdStore) Publish(ctx context.Context, slot Slot, rec Record) (Record,
 		clientv3.OpPut(s.indexKey(slot), string(v)),
 	).Commit()
 	if err != nil {
-		return Record{}, s.fail(ctx, cctx, "publish", slot.Key, err)
+		return store.Record{}, s.fail(ctx, cctx, "publish", slot.Key, err)
 	}
 	rec.Generation = uint64(resp.Header.Revision)
 	return rec, nil
 }
 
-// ListDir implements Store: one linearizable range read of the
+// ListDir implements store.Store: one linearizable range read of the
 // directory's index (a home loads a directory with it and then answers
 // for it, so it must not miss what a lagging member has not seen).
-func (s *EtcdStore) ListDir(ctx context.Context, dir, after string, limit int) ([]Record, error) {
+func (s *Store) ListDir(ctx context.Context, dir, after string, limit int) ([]store.Record, error) {
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
 	if limit <= 0 {
-		limit = DefaultListLimit
+		limit = store.DefaultListLimit
 	}
 	prefix := s.indexPrefix(dir)
 	start := prefix
@@ -343,7 +339,7 @@ func (s *EtcdStore) ListDir(ctx context.Context, dir, after string, limit int) (
 	if err != nil {
 		return nil, s.fail(ctx, cctx, "list", dir, err)
 	}
-	out := make([]Record, 0, len(resp.Kvs))
+	out := make([]store.Record, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		rec, err := decodeRecord(string(kv.Key), kv.Value, kv.ModRevision)
 		if err != nil {
@@ -355,19 +351,19 @@ func (s *EtcdStore) ListDir(ctx context.Context, dir, after string, limit int) (
 }
 
 // decodeRecord reads a stored record; its generation is the key's revision.
-func decodeRecord(key string, v []byte, modRev int64) (Record, error) {
-	var rec Record
+func decodeRecord(key string, v []byte, modRev int64) (store.Record, error) {
+	var rec store.Record
 	if err := json.Unmarshal(v, &rec); err != nil {
-		return Record{}, fmt.Errorf("etcd: record %q is corrupt: %w", key, err)
+		return store.Record{}, fmt.Errorf("etcd: record %q is corrupt: %w", key, err)
 	}
 	rec.Generation = uint64(modRev)
 	return rec, nil
 }
 
-// Lookup implements Store.
-func (s *EtcdStore) Lookup(ctx context.Context, key string) (Record, error) {
+// Lookup implements store.Store.
+func (s *Store) Lookup(ctx context.Context, key string) (store.Record, error) {
 	if err := s.checkOpen(); err != nil {
-		return Record{}, err
+		return store.Record{}, err
 	}
 	cctx, cancel := s.call(ctx)
 	defer cancel()
@@ -375,16 +371,16 @@ func (s *EtcdStore) Lookup(ctx context.Context, key string) (Record, error) {
 	// a record, and a miss leads to a Wait, which is exact.
 	resp, err := s.cli.Get(cctx, s.recordKey(key), clientv3.WithSerializable())
 	if err != nil {
-		return Record{}, s.fail(ctx, cctx, "lookup", key, err)
+		return store.Record{}, s.fail(ctx, cctx, "lookup", key, err)
 	}
 	if len(resp.Kvs) == 0 {
-		return Record{}, ErrNotFound
+		return store.Record{}, store.ErrNotFound
 	}
 	kv := resp.Kvs[0]
 	return decodeRecord(key, kv.Value, kv.ModRevision)
 }
 
-// Wait implements Store. It ends only with a record, ctx's error, ErrClosed,
+// Wait implements store.Store. It ends only with a record, ctx's error, store.ErrClosed,
 // a corrupt record or an error etcd will not recover from: while etcd is
 // down or restarting it keeps waiting.
 //
@@ -395,9 +391,9 @@ func (s *EtcdStore) Lookup(ctx context.Context, key string) (Record, error) {
 // 100 ms. The read after etcd has confirmed the watch sees the key as of
 // the revision the watch starts after, or later, so together they miss
 // nothing.
-func (s *EtcdStore) Wait(ctx context.Context, key string, after uint64) (Record, error) {
+func (s *Store) Wait(ctx context.Context, key string, after uint64) (store.Record, error) {
 	if err := s.checkOpen(); err != nil {
-		return Record{}, err
+		return store.Record{}, err
 	}
 	ekey := s.recordKey(key)
 	retry := newEtcdBackoff()
@@ -409,7 +405,7 @@ func (s *EtcdStore) Wait(ctx context.Context, key string, after uint64) (Record,
 		// etcd did not answer the read, or the watch ended without an
 		// answer (the server canceled it): start over.
 		if err := s.sleep(ctx, retry.next()); err != nil {
-			return Record{}, err
+			return store.Record{}, err
 		}
 	}
 }
@@ -417,7 +413,7 @@ func (s *EtcdStore) Wait(ctx context.Context, key string, after uint64) (Record,
 // watch watches ekey and, once etcd confirms the watch, reads it; it returns
 // the first record newer than after, from the read or from the watch. It
 // returns found == false with no error when the caller should start over.
-func (s *EtcdStore) watch(ctx context.Context, key, ekey string, after uint64) (rec Record, found bool, err error) {
+func (s *Store) watch(ctx context.Context, key, ekey string, after uint64) (rec store.Record, found bool, err error) {
 	// The watch's context is the store's, not the caller's, and ends when
 	// this returns; see cancelWhenCreated for why.
 	wctx, cancel := context.WithCancel(s.ctx)
@@ -430,10 +426,10 @@ func (s *EtcdStore) watch(ctx context.Context, key, ekey string, after uint64) (
 	case wch = <-started:
 	case <-ctx.Done():
 		go func() { s.cancelWhenCreated(<-started, cancel) }()
-		return Record{}, false, ctx.Err()
+		return store.Record{}, false, ctx.Err()
 	case <-s.ctx.Done():
 		cancel()
-		return Record{}, false, ErrClosed
+		return store.Record{}, false, store.ErrClosed
 	}
 	settled := false // etcd confirmed the watch, or it ended
 	defer func() {
@@ -446,18 +442,18 @@ func (s *EtcdStore) watch(ctx context.Context, key, ekey string, after uint64) (
 	for {
 		select {
 		case <-s.ctx.Done():
-			return Record{}, false, ErrClosed
+			return store.Record{}, false, store.ErrClosed
 		case <-ctx.Done():
-			return Record{}, false, ctx.Err()
+			return store.Record{}, false, ctx.Err()
 		case wr, ok := <-wch:
 			if !ok {
 				// The channel closes when the client closes or gives up
 				// on the stream; start over unless the store is closed.
 				settled = true
 				if err := s.checkOpen(); err != nil {
-					return Record{}, false, err
+					return store.Record{}, false, err
 				}
-				return Record{}, false, nil
+				return store.Record{}, false, nil
 			}
 			if wr.Created {
 				settled = true
@@ -476,13 +472,13 @@ func (s *EtcdStore) watch(ctx context.Context, key, ekey string, after uint64) (
 			if wr.CompactRevision != 0 {
 				// The client resumed a broken stream from a revision that
 				// is compacted away: read again.
-				return Record{}, false, nil
+				return store.Record{}, false, nil
 			}
 			if err := wr.Err(); err != nil {
 				if werr := s.fail(ctx, wctx, "wait for", key, err); !etcdTransient(werr) {
-					return Record{}, false, werr
+					return store.Record{}, false, werr
 				}
-				return Record{}, false, nil
+				return store.Record{}, false, nil
 			}
 		}
 	}
@@ -497,7 +493,7 @@ func (s *EtcdStore) watch(ctx context.Context, key, ekey string, after uint64) (
 // the past and etcd serves it from a catch-up loop that runs every 100 ms.)
 // up is false when etcd did not answer: a transient failure must not end the
 // wait, so the caller backs off and starts over.
-func (s *EtcdStore) read(ctx context.Context, key, ekey string, after uint64, minRev int64) (rec Record, found, up bool, err error) {
+func (s *Store) read(ctx context.Context, key, ekey string, after uint64, minRev int64) (rec store.Record, found, up bool, err error) {
 	cctx, cancel := s.call(ctx)
 	defer cancel()
 	resp, err := s.cli.Get(cctx, ekey, clientv3.WithSerializable())
@@ -507,16 +503,16 @@ func (s *EtcdStore) read(ctx context.Context, key, ekey string, after uint64, mi
 	if err != nil {
 		err = s.fail(ctx, cctx, "wait for", key, err)
 		if etcdTransient(err) {
-			return Record{}, false, false, nil
+			return store.Record{}, false, false, nil
 		}
-		return Record{}, false, false, err
+		return store.Record{}, false, false, err
 	}
 	if len(resp.Kvs) > 0 && uint64(resp.Kvs[0].ModRevision) > after {
 		kv := resp.Kvs[0]
 		rec, err := decodeRecord(key, kv.Value, kv.ModRevision)
 		return rec, err == nil, true, err
 	}
-	return Record{}, false, true, nil
+	return store.Record{}, false, true, nil
 }
 
 // cancelWhenCreated cancels a watch once etcd has confirmed it. The client
@@ -526,7 +522,7 @@ func (s *EtcdStore) read(ctx context.Context, key, ekey string, after uint64, mi
 // (a short deadline, an interrupted open) would pile up watches on the
 // server, so such a watch is cancelled only after its confirmation, or after
 // RequestTimeout if none comes.
-func (s *EtcdStore) cancelWhenCreated(wch clientv3.WatchChan, cancel context.CancelFunc) {
+func (s *Store) cancelWhenCreated(wch clientv3.WatchChan, cancel context.CancelFunc) {
 	defer cancel()
 	t := time.NewTimer(s.cfg.RequestTimeout)
 	defer t.Stop()
@@ -545,7 +541,7 @@ func (s *EtcdStore) cancelWhenCreated(wch clientv3.WatchChan, cancel context.Can
 }
 
 // sleep waits d unless ctx ends or the store closes.
-func (s *EtcdStore) sleep(ctx context.Context, d time.Duration) error {
+func (s *Store) sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -554,17 +550,17 @@ func (s *EtcdStore) sleep(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-s.ctx.Done():
-		return ErrClosed
+		return store.ErrClosed
 	}
 }
 
 // etcdTransient reports whether an error from fail may go away by itself:
 // the server is down, restarting, electing a leader or overloaded.
 func etcdTransient(err error) bool {
-	if errors.Is(err, ErrUnavailable) {
+	if errors.Is(err, store.ErrUnavailable) {
 		return true
 	}
-	if errors.Is(err, ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, store.ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
 	code := status.Code(err) // looks through wrapping
@@ -593,10 +589,10 @@ func (b *etcdBackoff) next() time.Duration {
 	return b.d
 }
 
-// Remove implements Store: it reads the record and deletes it and its
+// Remove implements store.Store: it reads the record and deletes it and its
 // index entry only if the record is still the same revision, judging cond
 // again if another write came in between.
-func (s *EtcdStore) Remove(ctx context.Context, slot Slot, cond RemoveCond) (uint64, error) {
+func (s *Store) Remove(ctx context.Context, slot store.Slot, cond store.RemoveCond) (uint64, error) {
 	if err := s.checkOpen(); err != nil {
 		return 0, err
 	}
@@ -610,15 +606,15 @@ func (s *EtcdStore) Remove(ctx context.Context, slot Slot, cond RemoveCond) (uin
 	kvs := resp.Kvs
 	for {
 		if len(kvs) == 0 {
-			return 0, ErrNotFound
+			return 0, store.ErrNotFound
 		}
 		kv := kvs[0]
 		rec, err := decodeRecord(slot.Key, kv.Value, kv.ModRevision)
 		if err != nil {
 			return 0, err
 		}
-		if !cond.matches(rec) {
-			return 0, fmt.Errorf("remove %s (generation %d by %s): %w", rec.Path, rec.Generation, rec.Owner, ErrConflict)
+		if !cond.Matches(rec) {
+			return 0, fmt.Errorf("remove %s (generation %d by %s): %w", rec.Path, rec.Generation, rec.Owner, store.ErrConflict)
 		}
 		tr, err := s.cli.Txn(cctx).
 			If(clientv3.Compare(clientv3.ModRevision(ekey), "=", kv.ModRevision)).
@@ -635,8 +631,8 @@ func (s *EtcdStore) Remove(ctx context.Context, slot Slot, cond RemoveCond) (uin
 	}
 }
 
-// Get implements Store.
-func (s *EtcdStore) Get(ctx context.Context, key string) ([]byte, error) {
+// Get implements store.Store.
+func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
@@ -647,14 +643,14 @@ func (s *EtcdStore) Get(ctx context.Context, key string) ([]byte, error) {
 		return nil, s.fail(ctx, cctx, "get", key, err)
 	}
 	if len(resp.Kvs) == 0 {
-		return nil, ErrNotFound
+		return nil, store.ErrNotFound
 	}
 	return resp.Kvs[0].Value, nil
 }
 
-// List implements Store: one serializable range read (a member's own
+// List implements store.Store: one serializable range read (a member's own
 // answer, which may lag the leader's by a moment).
-func (s *EtcdStore) List(ctx context.Context, prefix string) (map[string][]byte, error) {
+func (s *Store) List(ctx context.Context, prefix string) (map[string][]byte, error) {
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
@@ -672,9 +668,9 @@ func (s *EtcdStore) List(ctx context.Context, prefix string) (map[string][]byte,
 	return out, nil
 }
 
-// PutIfAbsent implements Store: one transaction that writes value if the
+// PutIfAbsent implements store.Store: one transaction that writes value if the
 // key was never created, and otherwise reads what is there.
-func (s *EtcdStore) PutIfAbsent(ctx context.Context, key string, value []byte) ([]byte, error) {
+func (s *Store) PutIfAbsent(ctx context.Context, key string, value []byte) ([]byte, error) {
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
@@ -722,10 +718,10 @@ func (r *etcdRegistration) currentLease() clientv3.LeaseID {
 	return r.lease
 }
 
-// Register implements Store. ttl is rounded up to whole seconds; etcd may
+// Register implements store.Store. ttl is rounded up to whole seconds; etcd may
 // raise it further to its minimum lease TTL (2 s with default settings).
 // Registering a key again replaces the earlier registration.
-func (s *EtcdStore) Register(ctx context.Context, key string, value []byte, ttl time.Duration, claim func(current []byte) error) error {
+func (s *Store) Register(ctx context.Context, key string, value []byte, ttl time.Duration, claim func(current []byte) error) error {
 	if ttl <= 0 {
 		return fmt.Errorf("etcd: register %q: ttl %v must be positive", key, ttl)
 	}
@@ -789,7 +785,7 @@ func (s *EtcdStore) Register(ctx context.Context, key string, value []byte, ttl 
 }
 
 // grantAndPut puts reg's value on a new lease and returns the lease.
-func (s *EtcdStore) grantAndPut(ctx context.Context, reg *etcdRegistration) (clientv3.LeaseID, error) {
+func (s *Store) grantAndPut(ctx context.Context, reg *etcdRegistration) (clientv3.LeaseID, error) {
 	g, err := s.cli.Grant(ctx, reg.ttl)
 	if err != nil {
 		return 0, err
@@ -838,7 +834,7 @@ func (e *claimRefused) Error() string { return e.err.Error() }
 // lost while the store is open (etcd was unreachable for longer than the
 // TTL, or the client gave up on the lease during a restart), it puts the
 // value on a new lease, retrying until it succeeds.
-func (s *EtcdStore) keep(ctx context.Context, reg *etcdRegistration, ch <-chan *clientv3.LeaseKeepAliveResponse) {
+func (s *Store) keep(ctx context.Context, reg *etcdRegistration, ch <-chan *clientv3.LeaseKeepAliveResponse) {
 	defer close(reg.done)
 	for {
 		for range ch {
@@ -887,7 +883,7 @@ func (s *EtcdStore) keep(ctx context.Context, reg *etcdRegistration, ch <-chan *
 
 // revoke revokes a lease, which deletes what was put on it, ignoring
 // errors: an unrevoked lease expires after its TTL.
-func (s *EtcdStore) revoke(lease clientv3.LeaseID) error {
+func (s *Store) revoke(lease clientv3.LeaseID) error {
 	if lease == 0 {
 		return nil
 	}
@@ -900,11 +896,11 @@ func (s *EtcdStore) revoke(lease clientv3.LeaseID) error {
 	return err
 }
 
-// Close implements Store: it ends pending calls and waits (ErrClosed),
+// Close implements store.Store: it ends pending calls and waits (store.ErrClosed),
 // revokes the leases of registered values, which deletes them, and closes
 // the connection. If etcd does not answer the revocations within
 // RequestTimeout, the values expire after their TTL and Close says so.
-func (s *EtcdStore) Close() error {
+func (s *Store) Close() error {
 	var err error
 	s.once.Do(func() {
 		s.cancel()

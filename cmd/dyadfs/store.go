@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/dyadfs/dyadfs/hfl/store"
+	"github.com/dyadfs/dyadfs/hfl/store/embedded"
+	"github.com/dyadfs/dyadfs/hfl/store/etcd"
+)
+
+// embeddedURL names the in-process store of a daemon that runs alone.
+const embeddedURL = "embedded://"
+
+// storeURL is a parsed --store: which backend, and its address.
+type storeURL struct {
+	scheme string // backend name, lower case
+	addr   string // what follows "scheme://"
+	etcd   []string
+}
+
+// parseStoreURL checks a store URL's form without connecting. An empty URL
+// means the embedded store. A new backend adds its scheme here and in
+// openStore.
+func parseStoreURL(raw string) (storeURL, error) {
+	scheme, addr, found := strings.Cut(raw, "://")
+	if !found {
+		scheme, addr = raw, ""
+	}
+	u := storeURL{scheme: strings.ToLower(scheme), addr: addr}
+	switch u.scheme {
+	case "", "embedded":
+		if addr != "" {
+			return u, fmt.Errorf("metadata store %q: the embedded store takes no address (use %s)", raw, embeddedURL)
+		}
+		u.scheme = "embedded"
+		return u, nil
+	case "etcd":
+		eps, err := etcd.ParseEndpoints(addr)
+		if err != nil {
+			return u, fmt.Errorf("metadata store %q: %w", raw, err)
+		}
+		u.etcd = eps
+		return u, nil
+	default:
+		return u, fmt.Errorf("metadata store %q: unknown scheme %q (want %s or etcd://host:port[,host:port...])", raw, u.scheme, embeddedURL)
+	}
+}
+
+// singleNode reports whether the store can only be seen by this daemon,
+// so that no other node can ask for a file.
+func singleNode(raw string) bool {
+	u, err := parseStoreURL(raw)
+	return err == nil && u.scheme == "embedded"
+}
+
+// openStore opens the store named by raw.
+func openStore(ctx context.Context, raw string) (store.Store, error) {
+	u, err := parseStoreURL(raw)
+	if err != nil {
+		return nil, err
+	}
+	switch u.scheme {
+	case "embedded":
+		return embedded.New(), nil
+	case "etcd":
+		s, err := etcd.Open(ctx, etcd.DefaultConfig(u.etcd...))
+		if err != nil {
+			return nil, err // not a nil *etcd.Store in a non-nil store.Store
+		}
+		return s, nil
+	}
+	return nil, fmt.Errorf("metadata store %q: no backend for scheme %q", raw, u.scheme)
+}
