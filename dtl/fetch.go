@@ -43,8 +43,6 @@ type Owners interface {
 
 // Destination is where fetched files go: the consumer's managed directory.
 type Destination interface {
-	// Present reports whether path is complete here already.
-	Present(ctx context.Context, path string) bool
 	// Install moves tmp, a complete and verified copy of v's file, to
 	// v.Path. v.Info is what the owner sent: the version asked for or a
 	// newer one. It never replaces anything: if something is
@@ -77,6 +75,11 @@ var ErrStale = errors.New("the owner no longer has this version")
 // ErrOwnerGone means the file's owner is not running: no transfer can
 // succeed until it returns.
 var ErrOwnerGone = errors.New("owner node is not running")
+
+// errPresent: a file was at the path before the fetched one could be
+// installed (another transfer's, a local writer's). Fetch succeeds then:
+// the caller looks at what is there.
+var errPresent = errors.New("a file is at the path already")
 
 // Fetcher brings published files from their owners into this node's
 // backing store: one transfer per path however many opens wait for it, into
@@ -182,11 +185,15 @@ func (f *Fetcher) Fetch(ctx context.Context, rec Version) error {
 // run is one transfer, for everyone waiting for rec.Path.
 func (f *Fetcher) run(call *fetchCall, rec Version) {
 	defer f.wg.Done()
-	// A transfer that just finished may have brought it already.
-	if !f.cfg.Dest.Present(f.ctx, rec.Path) {
-		if rec.Inline == nil || !f.fromNotice(rec) {
-			call.err = f.transfer(f.ctx, rec)
-		}
+	call.err = errNoBytes
+	if rec.Inline != nil {
+		call.err = f.fromNotice(rec)
+	}
+	if errors.Is(call.err, errNoBytes) {
+		call.err = f.transfer(f.ctx, rec)
+	}
+	if errors.Is(call.err, errPresent) {
+		call.err = nil
 	}
 	if call.err != nil {
 		f.stats.Failures.Add(1)
@@ -221,6 +228,8 @@ func (f *Fetcher) transfer(ctx context.Context, rec Version) error {
 			}
 			var re *RemoteError
 			switch {
+			case errors.Is(err, errPresent):
+				return err
 			case errors.Is(err, ErrNotFound), errors.Is(err, ErrNotPublished), errors.Is(err, ErrBusy):
 				return fmt.Errorf("%w: %w", ErrStale, err)
 			case errors.As(err, &re), errors.Is(err, ErrProtocol):
@@ -266,48 +275,52 @@ func (f *Fetcher) owner(ctx context.Context, node string, fresh bool) (Peer, err
 	return m, err
 }
 
+// errNoBytes: the bytes a notice carried cannot make the file.
+var errNoBytes = errors.New("no usable bytes from the notice")
+
 // fromNotice installs rec's file from the bytes its notice carried. It
-// reports whether it did; if not, a transfer brings the file.
-func (f *Fetcher) fromNotice(rec Version) bool {
+// fails with errNoBytes if it could not; a transfer brings the file then.
+func (f *Fetcher) fromNotice(rec Version) error {
 	if int64(len(rec.Inline)) != rec.Info.Size {
-		return false
+		return errNoBytes
 	}
-	installed, err := f.install(rec, func(tmp *os.File) (FileInfo, error) {
+	err := f.install(rec, func(tmp *os.File) (FileInfo, error) {
 		_, err := tmp.Write(rec.Inline)
 		return rec.Info, err
 	})
-	if err != nil {
-		f.log.Debug("copy from a notice's bytes failed; fetching", "path", rec.Path, "err", err)
-		return false
-	}
-	if installed {
+	switch {
+	case err == nil:
 		f.stats.FromNotices.Add(1)
+		return nil
+	case errors.Is(err, errPresent):
+		return err
 	}
-	return true
+	f.log.Debug("copy from a notice's bytes failed; fetching", "path", rec.Path, "err", err)
+	return fmt.Errorf("%w: %w", errNoBytes, err)
 }
 
 // once runs one transfer into a temporary file and, if it is complete,
 // installs it.
 func (f *Fetcher) once(ctx context.Context, addr string, rec Version) error {
-	installed, err := f.install(rec, func(tmp *os.File) (FileInfo, error) {
+	err := f.install(rec, func(tmp *os.File) (FileInfo, error) {
 		return f.cfg.Transport.Fetch(ctx, addr, Request{Path: rec.Path, Generation: rec.Info.Generation, Owner: rec.Owner}, tmp)
 	})
-	if installed {
+	if err == nil {
 		f.stats.Transfers.Add(1)
 	}
 	return err
 }
 
 // install has fill write rec's file into a temporary file and describe it,
-// verifies it, gives it the owner's attributes and installs it. It reports
-// whether it installed the file: it did not, without an error, if something
-// got there first.
-func (f *Fetcher) install(rec Version, fill func(tmp *os.File) (FileInfo, error)) (installed bool, err error) {
+// verifies it, gives it the owner's attributes and installs it. It fails
+// with errPresent if something got there first.
+func (f *Fetcher) install(rec Version, fill func(tmp *os.File) (FileInfo, error)) (err error) {
 	tmp, err := f.temps.take()
 	if err != nil {
-		return false, fmt.Errorf("temporary file: %w", err)
+		return fmt.Errorf("temporary file: %w", err)
 	}
 	defer f.temps.replenish()
+	installed := false
 	defer func() {
 		if !installed {
 			tmp.Close()
@@ -316,23 +329,23 @@ func (f *Fetcher) install(rec Version, fill func(tmp *os.File) (FileInfo, error)
 	}()
 	info, err := fill(tmp)
 	if err != nil {
-		return false, err
+		return err
 	}
 	if err := verify(tmp, info); err != nil {
-		return false, err
+		return err
 	}
 	// Owner first: chown clears set-id bits. A copy keeps none: a node
 	// does not run set-id programs for another.
 	if os.Geteuid() == 0 {
 		if err := tmp.Chown(int(info.Uid), int(info.Gid)); err != nil {
-			return false, err
+			return err
 		}
 	}
 	if err := syscall.Fchmod(int(tmp.Fd()), info.Mode&0o1777); err != nil {
-		return false, err
+		return err
 	}
 	if err := os.Chtimes(tmp.Name(), time.Time{}, time.Unix(0, info.MtimeNs)); err != nil {
-		return false, err
+		return err
 	}
 	got := rec
 	got.Info, got.Inline = info, nil
@@ -341,14 +354,14 @@ func (f *Fetcher) install(rec Version, fill func(tmp *os.File) (FileInfo, error)
 	case errors.Is(err, fs.ErrExist):
 		// Something got there first (another transfer, a local
 		// producer): the waiters look at what is there.
-		return false, nil
+		return fmt.Errorf("install %s: %w", rec.Path, errPresent)
 	case err != nil:
-		return false, err
+		return err
 	}
 	installed = true
 	tmp.Close()
 	f.stats.Bytes.Add(uint64(info.Size))
-	return true, nil
+	return nil
 }
 
 // verify checks that the received file is what the owner described.

@@ -64,9 +64,6 @@ type holderSide struct {
 	order   *list.List // of paths, front: most recently used
 	lists   map[string]*knownListing
 	flights map[string]*flight
-	// waits holds, per path, a channel closed when a notice of the path
-	// arrives here, and how many waits use it.
-	waits map[string]*noticeWait
 	// misses counts, per directory, paths asked about there that were
 	// missing; tooLarge, directories found too large to keep the listing
 	// of (see wantListing).
@@ -89,15 +86,9 @@ type flight struct {
 	broken bool
 }
 
-type noticeWait struct {
-	ch    chan struct{}
-	users int
-	rec   Record // the notice's record, once ch is closed (zero: a removal)
-}
-
 func newHolderSide(n *notices) *holderSide {
 	return &holderSide{n: n, known: make(map[string]*known), order: list.New(), lists: make(map[string]*knownListing),
-		flights: make(map[string]*flight), waits: make(map[string]*noticeWait), bytes: make(map[string]Record),
+		flights: make(map[string]*flight), bytes: make(map[string]Record),
 		misses: make(map[string]missCount), tooLarge: make(map[string]time.Time)}
 }
 
@@ -384,12 +375,10 @@ func (s *holderSide) broken(from, p string, rec *Record, gen uint64, listing, en
 			stale = k.gen > g
 		}
 	}
-	if w, ok := s.waits[p]; ok && exists {
-		w.rec = state
-		close(w.ch)
-		delete(s.waits, p)
-	}
 	s.mu.Unlock()
+	if exists {
+		n.l.waits.fire(p, &state, false)
+	}
 	if exists && !state.Provisional {
 		s.keepBytes(state)
 	}
@@ -397,26 +386,6 @@ func (s *holderSide) broken(from, p string, rec *Record, gen uint64, listing, en
 		local.Invalidated(p, state, exists)
 		if listing && ended {
 			local.ListingDropped(dir)
-		}
-	}
-}
-
-// waitChannel returns what is closed when a notice of path arrives, and the
-// function to call when done with it.
-func (s *holderSide) waitChannel(p string) (*noticeWait, func()) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	w, ok := s.waits[p]
-	if !ok {
-		w = &noticeWait{ch: make(chan struct{})}
-		s.waits[p] = w
-	}
-	w.users++
-	return w, func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if w.users--; w.users == 0 && s.waits[p] == w {
-			delete(s.waits, p)
 		}
 	}
 }

@@ -180,7 +180,9 @@ func TestLocateWaitingTakesNoticeDuringLookup(t *testing.T) {
 	}
 	got := make(chan found, 1)
 	go func() {
-		rec, lv, err := locs[1].LocateWaiting(ctx, "late/f", true)
+		w := locs[1].Watch("late/f")
+		defer w.Close()
+		rec, lv, err := locs[1].LocateWaiting(ctx, w, true)
 		got <- found{rec, lv, err}
 	}()
 	select {

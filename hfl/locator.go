@@ -108,6 +108,7 @@ type Locator struct {
 	cfg   LocatorConfig
 	store Store
 	local LocalIndex
+	waits *waits // every wait for a path, whatever ends it
 	cache *recordCache // a single node's own records
 
 	notices atomic.Pointer[notices]
@@ -121,11 +122,8 @@ func NewLocator(cfg LocatorConfig, store Store, local LocalIndex) (*Locator, err
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Locator{cfg: cfg, store: guardStore(store), local: local, cache: newRecordCache(cfg.CacheSize)}, nil
+	return &Locator{cfg: cfg, store: guardStore(store), local: local, waits: newWaits(), cache: newRecordCache(cfg.CacheSize)}, nil
 }
-
-// SetLocal sets the first level; it must be called before the locator is used.
-func (l *Locator) SetLocal(local LocalIndex) { l.local = local }
 
 // SingleNode reports whether no other node uses the store.
 func (l *Locator) SingleNode() bool { return l.cfg.SingleNode }
@@ -487,19 +485,18 @@ func (n *notices) readListing(ctx context.Context, dir string) ([]Record, bool, 
 	return recs, true, nil
 }
 
-// LocateWaiting is Locate for a consumer that waits if nothing is found.
-// The path's home registers it while it answers, and a record of the path
+// LocateWaiting is Locate for a consumer that waits, under w, if nothing
+// is found; the caller has looked in its managed directory already. The
+// path's home registers it while it answers, and a record of the path
 // that reaches this node while the global store is asked ends the search:
 // a publish that lands during the store's round trip is not waited for
 // behind it. With ahead, the record found may be provisional (sent ahead
 // of its publish).
-func (l *Locator) LocateWaiting(ctx context.Context, path string, ahead bool) (Record, Level, error) {
+func (l *Locator) LocateWaiting(ctx context.Context, w *Watch, ahead bool) (Record, Level, error) {
+	path := w.path
 	n := l.notices.Load()
 	if n == nil {
-		return l.Locate(ctx, path)
-	}
-	if rec, ok := l.localRecord(ctx, path); ok {
-		return rec, LevelLocal, nil
+		return l.Record(ctx, path)
 	}
 	if rec, exists, _, ok := n.holder.lookup(path); ok {
 		l.hits[LevelCache].Add(1)
@@ -509,8 +506,6 @@ func (l *Locator) LocateWaiting(ctx context.Context, path string, ahead bool) (R
 		l.misses.Add(1)
 		return Record{}, LevelCache, ErrNotFound
 	}
-	w, done := n.holder.waitChannel(path)
-	defer done()
 	a := n.ask(ctx, path, 0, ahead)
 	if a.answered {
 		if a.exists && (!a.rec.Provisional || ahead) {
@@ -522,75 +517,64 @@ func (l *Locator) LocateWaiting(ctx context.Context, path string, ahead bool) (R
 			return Record{}, LevelHome, ErrNotFound
 		}
 	}
-	type lookup struct {
-		rec Record
-		err error
-	}
-	answer := make(chan lookup, 1)
-	lctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		rec, err := l.store.Lookup(lctx, l.Key(path))
-		answer <- lookup{rec, err}
-	}()
-	// The notice's record will do unless it is provisional and only a
+	// A notice's record will do unless it is provisional and only a
 	// committed one was asked for.
-	notice := w.ch
-	told := func() (Record, Level, error) {
+	told := func() (Record, bool) {
+		if !w.fired() || !w.w.told || (w.w.rec.Provisional && !ahead) {
+			return Record{}, false
+		}
 		n.woken.Add(1)
 		l.hits[LevelHome].Add(1)
-		return w.rec, LevelHome, nil
+		return w.w.rec, true
 	}
 	for {
-		select {
-		case <-notice:
-			if !w.rec.Provisional || ahead {
-				a.endFlight()
-				return told()
-			}
-			notice = nil // only the store's answer will do
-		case s := <-answer:
-			if errors.Is(s.err, ErrNotFound) && notice != nil {
-				select {
-				case <-notice: // both at once: the notice has it
-					if !w.rec.Provisional || ahead {
-						a.endFlight()
-						return told()
-					}
-				default:
-				}
-			}
-			keep := a.endFlight()
-			if s.err == nil || errors.Is(s.err, ErrNotFound) {
-				n.holder.learn(path, s.rec, s.err == nil, s.rec.Generation, a.promise, a.registered && keep)
-			}
-			return l.fromStore(s.rec, s.err, n)
+		lctx, cancel := w.cancelOnChange(ctx)
+		rec, err := l.store.Lookup(lctx, l.Key(path))
+		ended := lctx.Err() != nil
+		cancel()
+		if rec, ok := told(); ok {
+			a.endFlight()
+			return rec, LevelHome, nil
 		}
+		if ended && ctx.Err() == nil && err != nil && !errors.Is(err, ErrNotFound) {
+			// Ended by a change that does not answer: ask the
+			// store again, past it.
+			w.rearm()
+			continue
+		}
+		keep := a.endFlight()
+		if err == nil || errors.Is(err, ErrNotFound) {
+			n.holder.learn(path, rec, err == nil, rec.Generation, a.promise, a.registered && keep)
+		}
+		return l.fromStore(rec, err, n)
 	}
 }
 
-// Wait blocks until the global store holds a record of path newer than
-// generation after, and returns it.
-func (l *Locator) Wait(ctx context.Context, path string, after uint64) (Record, error) {
-	return l.wait(ctx, path, after, false)
-}
-
-// WaitAhead is Wait, but it may also return a provisional record: one sent
-// by its owner ahead of the store's commit, whose file the owner serves.
-func (l *Locator) WaitAhead(ctx context.Context, path string, after uint64) (Record, error) {
-	return l.wait(ctx, path, after, true)
-}
-
-func (l *Locator) wait(ctx context.Context, path string, after uint64, ahead bool) (Record, error) {
+// Await blocks, under w, until the job has a record of w's path newer than
+// generation after, and returns it; or until the path changes on this
+// node (ErrChangedHere), or ctx ends. With ahead, the record may be
+// provisional: sent by its owner ahead of the store's commit, whose file
+// the owner serves. The wait parks no goroutine but the caller's.
+func (l *Locator) Await(ctx context.Context, w *Watch, after uint64, ahead bool) (Record, error) {
 	if n := l.notices.Load(); n != nil {
-		return n.wait(ctx, path, after, ahead)
+		return n.await(ctx, w, after, ahead)
 	}
-	rec, err := l.store.Wait(ctx, l.Key(path), after)
-	if err != nil {
-		return Record{}, err
+	if w.fired() {
+		return Record{}, ErrChangedHere
 	}
-	l.cache.put(rec)
-	return rec, nil
+	wctx, cancel := w.cancelOnChange(ctx)
+	defer cancel()
+	rec, err := l.store.Wait(wctx, l.Key(w.path), after)
+	switch {
+	case err == nil:
+		l.cache.put(rec)
+		return rec, nil
+	case ctx.Err() != nil:
+		return Record{}, ctx.Err()
+	case w.fired():
+		return Record{}, ErrChangedHere
+	}
+	return Record{}, err
 }
 
 // Published returns the global store's record of path, bypassing the other
@@ -836,89 +820,78 @@ func (n *notices) awaitGone(ctx context.Context, m Member) bool {
 	}
 }
 
-// wait waits for a record of path newer than after: told by a notice, or,
-// from noticeGrace on (at once if the home cannot be asked), by the store.
-//
-// With ahead, a provisional record (sent ahead of its publish) ends the
-// wait too.
-func (n *notices) wait(ctx context.Context, path string, after uint64, ahead bool) (Record, error) {
-	var store chan error
-	var storeRec Record
-	storeCtx, stopStore := context.WithCancel(ctx)
-	defer stopStore()
-	startStore := func() {
-		if store != nil {
-			return
-		}
-		n.storeWaits.Add(1)
-		store = make(chan error, 1)
-		go func() {
-			rec, err := n.l.store.Wait(storeCtx, n.l.Key(path), after)
-			storeRec = rec
-			store <- err
-		}()
-	}
-	grace := time.NewTimer(n.t.grace)
-	defer grace.Stop()
-	renew := time.NewTicker(n.t.resubscribe)
-	defer renew.Stop()
+// await waits for a record of w's path newer than after: told by a
+// notice, or, once the grace has passed (at once if the home cannot
+// register this node), found by a wait on the global store, made in this
+// goroutine and ended by the next notice. A long wait asks its home again
+// now and then, so that the home keeps this node registered.
+func (n *notices) await(ctx context.Context, w *Watch, after uint64, ahead bool) (Record, error) {
+	path := w.path
 	newer := func(rec Record) bool {
 		return (rec.Provisional && ahead) || (!rec.Provisional && !rec.Writing && rec.Generation > after)
 	}
+	onStore := false
+	toStore := func() {
+		if !onStore {
+			onStore = true
+			n.storeWaits.Add(1)
+		}
+	}
+	grace := time.NewTimer(n.t.grace)
+	defer grace.Stop()
 	for {
-		// Take the channel before asking, so that a notice between the
-		// answer and the wait is not missed.
-		w, done := n.holder.waitChannel(path)
+		if w.fired() {
+			if w.w.here {
+				return Record{}, ErrChangedHere
+			}
+			if w.w.told {
+				n.woken.Add(1)
+				if newer(w.w.rec) {
+					return w.w.rec, nil
+				}
+			}
+			w.rearm()
+		}
 		if !n.holder.holds(path) {
 			// Not registered at the home yet (or no longer): ask,
 			// which registers this node.
 			a := n.ask(ctx, path, after, ahead)
 			a.endFlight()
 			if a.answered && a.exists && newer(a.rec) {
-				done()
 				return a.rec, nil
 			}
 			if !a.registered {
-				startStore()
+				toStore()
 			}
 		}
 		if rec, exists, _, ok := n.holder.lookup(path); ok && exists && newer(rec) {
-			done()
 			return n.withBytes(rec), nil
 		}
-		woken, storeErr, stored, err := waitOnce(ctx, w.ch, grace.C, renew.C, &store, startStore)
-		done()
-		switch {
-		case woken:
-			n.woken.Add(1)
-			if newer(w.rec) {
-				return w.rec, nil
+		if !onStore {
+			select {
+			case <-w.w.ch:
+			case <-grace.C:
+				toStore()
+			case <-ctx.Done():
+				return Record{}, ctx.Err()
 			}
-		case stored:
-			return storeRec, storeErr
-		case err != nil:
-			return Record{}, err
+			continue
 		}
-	}
-}
-
-// waitOnce waits for one of: a notice (woken), the store's answer
-// (stored), a renewal, or the end of ctx (err). The grace timer starts the
-// store's wait.
-func waitOnce(ctx context.Context, ch <-chan struct{}, grace, renew <-chan time.Time, store *chan error, startStore func()) (woken bool, storeErr error, stored bool, err error) {
-	for {
-		select {
-		case <-ch:
-			return true, nil, false, nil
-		case <-grace:
-			startStore()
-			grace = nil
-		case e := <-*store:
-			return false, e, true, nil
-		case <-renew:
-			return false, nil, false, nil
-		case <-ctx.Done():
-			return false, nil, false, ctx.Err()
+		// On the store, until a notice, a change here, or the time to
+		// ask the home again.
+		cctx, cancel := w.cancelOnChange(ctx)
+		wctx, cancelRenew := context.WithTimeout(cctx, n.t.resubscribe)
+		rec, err := n.l.store.Wait(wctx, n.l.Key(path), after)
+		ended := wctx.Err() != nil
+		cancelRenew()
+		cancel()
+		switch {
+		case err == nil:
+			return rec, nil
+		case ctx.Err() != nil:
+			return Record{}, ctx.Err()
+		case !ended:
+			return Record{}, err // the store failed
 		}
 	}
 }

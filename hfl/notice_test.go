@@ -65,13 +65,19 @@ func noticeCluster(t *testing.T, n int, store *slowStore) ([]*Locator, *memNet) 
 
 func noticeClusterOver(t *testing.T, n int, store Store) ([]*Locator, *memNet) {
 	t.Helper()
+	return noticeClusterWith(t, n, store, func(int) LocalIndex { return nil })
+}
+
+// noticeClusterWith is noticeClusterOver with each node's first level.
+func noticeClusterWith(t *testing.T, n int, store Store, local func(i int) LocalIndex) ([]*Locator, *memNet) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	net := &memNet{locs: map[string]*Locator{}, down: map[string]bool{}}
 	var locs []*Locator
 	var members []Member
 	for i := 0; i < n; i++ {
-		l, err := NewLocator(DefaultLocatorConfig(), store, nil)
+		l, err := NewLocator(DefaultLocatorConfig(), store, local(i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -264,8 +270,9 @@ func TestNoticeWaitEndsWithContext(t *testing.T) {
 	}
 	h := locs[1].notices.Load().holder
 	h.mu.Lock()
-	left := len(h.waits) + len(h.flights)
+	left := len(h.flights)
 	h.mu.Unlock()
+	left += locs[1].WaitingPaths()
 	if left != 0 {
 		t.Errorf("%d abandoned waits left behind", left)
 	}

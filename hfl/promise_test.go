@@ -92,13 +92,11 @@ func (s *countingStore) List(ctx context.Context, prefix string) (map[string][]b
 func promiseCluster(t *testing.T, n int) ([]*Locator, []*recordingLocal, *countingStore, *memNet) {
 	t.Helper()
 	store := &countingStore{Store: embedded.New(), hide: map[string]bool{}}
-	locs, net := noticeClusterOver(t, n, store)
-	var locals []*recordingLocal
-	for _, l := range locs {
-		r := &recordingLocal{}
-		l.SetLocal(r)
-		locals = append(locals, r)
-	}
+	locals := make([]*recordingLocal, n)
+	locs, net := noticeClusterWith(t, n, store, func(i int) LocalIndex {
+		locals[i] = &recordingLocal{}
+		return locals[i]
+	})
 	return locs, locals, store, net
 }
 

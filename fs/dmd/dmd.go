@@ -96,9 +96,12 @@ type DMD struct {
 	fetcher *dtl.Fetcher // nil without a transport
 	stats   counters
 
-	// shutdown is closed when the filesystem goes away; it ends all waits.
+	// shutdown is closed, and life canceled, when the filesystem goes
+	// away; they end all waits.
 	shutdown     chan struct{}
 	shutdownOnce sync.Once
+	life         context.Context
+	endLife      context.CancelFunc
 
 	mu sync.Mutex
 	// busy holds the files that readers must not see yet: being written,
@@ -111,9 +114,6 @@ type DMD struct {
 	// consumers (see hfl's notices) while the store commits them, so they
 	// are served already.
 	publishing map[string]hfl.Record
-	// watches holds, per path, a channel closed at the next local change
-	// that may complete the path.
-	watches map[string]*pathWatch
 	// retries holds paths whose publish failed; retrying says whether the
 	// retry loop runs.
 	retries  map[string]retryOp
@@ -142,11 +142,6 @@ type DMD struct {
 	// uncleanStart says the previous daemon did not stop cleanly: copies
 	// fetched then may not have reached the disk whole.
 	uncleanStart bool
-}
-
-type pathWatch struct {
-	ch chan struct{}
-	n  int
 }
 
 // fileStamp is what tells whether a file changed under a write handle.
@@ -202,11 +197,11 @@ func New(cfg Config, p Parts) (*DMD, error) {
 		busy:       make(map[FileID]*writeState),
 		creating:   make(map[string]int),
 		publishing: make(map[string]hfl.Record),
-		watches:    make(map[string]*pathWatch),
 		copies:     make(map[string]copyInfo),
 		releasing:  make(map[string]int),
 		superseded: make(map[string]uint64),
 	}
+	d.life, d.endLife = context.WithCancel(context.Background())
 	_, err := os.Stat(d.internalPath())
 	fresh := errors.Is(err, os.ErrNotExist)
 	if err := os.MkdirAll(d.internalPath(), 0o700); err != nil {
@@ -285,7 +280,10 @@ func (d *DMD) BackingPath(rel string) string { return filepath.Join(d.cfg.Backin
 
 // Shutdown ends every wait with ErrShutdown and refuses new ones.
 func (d *DMD) Shutdown() {
-	d.shutdownOnce.Do(func() { close(d.shutdown) })
+	d.shutdownOnce.Do(func() {
+		close(d.shutdown)
+		d.endLife()
+	})
 }
 
 // Close ends every wait, releases the backing directory and records a clean
@@ -304,12 +302,20 @@ func (d *DMD) Close() error {
 	return nil
 }
 
-// waitContext applies the configured wait timeout.
+// waitContext applies the configured wait timeout, and ends with the
+// filesystem.
 func (d *DMD) waitContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	var cancel context.CancelFunc
 	if d.cfg.WaitTimeout > 0 {
-		return context.WithTimeoutCause(ctx, d.cfg.WaitTimeout, ErrWaitTimeout)
+		ctx, cancel = context.WithTimeoutCause(ctx, d.cfg.WaitTimeout, ErrWaitTimeout)
+	} else {
+		ctx, cancel = context.WithCancel(ctx)
 	}
-	return context.WithCancel(ctx)
+	stop := context.AfterFunc(d.life, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
 }
 
 // waitErr turns the end of a wait into the error the caller reports.
@@ -325,41 +331,4 @@ func (d *DMD) waitErr(ctx context.Context) error {
 	}
 	d.stats.waitInterrupts.Add(1)
 	return ctx.Err()
-}
-
-// watchPath returns a channel closed at the next local change of rel. The
-// caller must call unwatch when it stops waiting.
-func (d *DMD) watchPath(rel string) *pathWatch {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	w, ok := d.watches[rel]
-	if !ok {
-		w = &pathWatch{ch: make(chan struct{})}
-		d.watches[rel] = w
-	}
-	w.n++
-	return w
-}
-
-func (d *DMD) unwatch(rel string, w *pathWatch) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	w.n--
-	if w.n == 0 && d.watches[rel] == w {
-		delete(d.watches, rel)
-	}
-}
-
-// notifyLocked wakes the waiters of rel. d.mu must be held.
-func (d *DMD) notifyLocked(rel string) {
-	if w, ok := d.watches[rel]; ok {
-		close(w.ch)
-		delete(d.watches, rel)
-	}
-}
-
-func (d *DMD) notify(rel string) {
-	d.mu.Lock()
-	d.notifyLocked(rel)
-	d.mu.Unlock()
 }

@@ -1,7 +1,6 @@
 package dmd
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -17,12 +16,6 @@ import (
 )
 
 var _ dtl.Destination = (*DMD)(nil)
-
-// Present implements dtl.Destination.
-func (d *DMD) Present(ctx context.Context, rel string) bool {
-	_, ok := d.LocalRecord(ctx, rel)
-	return ok
-}
 
 // Install implements dtl.Destination: it marks tmp, a file fetched from
 // v's owner, as a replica and renames it to v.Path. The path is resolved

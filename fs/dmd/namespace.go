@@ -213,7 +213,7 @@ func modeBits(e fs.DirEntry) uint32 {
 func (d *DMD) Changed(ctx context.Context, rel string) {
 	d.noteName(rel)
 	st, ok := d.completeHere(rel)
-	d.notify(rel)
+	d.loc.Changed(rel)
 	if _, isCopy := d.copyOf(rel); !ok || isCopy {
 		// Being written (its last writer publishes it), or a copy of
 		// another node's file (its owner publishes it).

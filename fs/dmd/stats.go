@@ -78,9 +78,10 @@ type Stats struct {
 // Stats returns a snapshot of the counters.
 func (d *DMD) Stats() Stats {
 	d.mu.Lock()
-	busy, waiting, pending := len(d.busy), len(d.watches), len(d.retries)
+	busy, pending := len(d.busy), len(d.retries)
 	copies, superseded := len(d.copies), len(d.superseded)
 	d.mu.Unlock()
+	waiting := d.loc.WaitingPaths()
 	c := &d.stats
 	return Stats{
 		WriteOpens:       c.writeOpens.Load(),

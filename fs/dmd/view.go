@@ -400,7 +400,7 @@ func (d *DMD) Invalidated(rel string, rec hfl.Record, exists bool) {
 		d.supersede(rel, rec)
 	}
 	d.toldUnseen(rel)
-	d.notify(rel)
+	d.loc.Changed(rel)
 }
 
 // ownNewer reports whether this node's own file at rel was published at a

@@ -47,13 +47,21 @@ func (d *DMD) FetchStats() *dtl.FetchStats {
 // node: not being written or created here, not left half-written.
 func (d *DMD) completeHere(rel string) (*syscall.Stat_t, bool) {
 	var st syscall.Stat_t
-	if err := syscall.Lstat(d.BackingPath(rel), &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+	if err := syscall.Lstat(d.BackingPath(rel), &st); err != nil {
 		return nil, false
 	}
+	return &st, d.completeAs(rel, &st)
+}
+
+// completeAs is completeHere for a file whose lstat is st.
+func (d *DMD) completeAs(rel string, st *syscall.Stat_t) bool {
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return false
+	}
 	d.mu.Lock()
-	busy := d.busy[IDOf(&st)] != nil || d.creating[rel] > 0
+	busy := d.busy[IDOf(st)] != nil || d.creating[rel] > 0
 	d.mu.Unlock()
-	return &st, !busy
+	return !busy
 }
 
 // LocalRecord implements hfl.LocalIndex: it returns the record of rel if the
@@ -66,6 +74,11 @@ func (d *DMD) LocalRecord(ctx context.Context, rel string) (hfl.Record, bool) {
 	if !ok {
 		return hfl.Record{}, false
 	}
+	return d.localRecordAs(ctx, rel, st)
+}
+
+// localRecordAs is LocalRecord for a complete file whose lstat is st.
+func (d *DMD) localRecordAs(ctx context.Context, rel string, st *syscall.Stat_t) (hfl.Record, bool) {
 	if d.cfg.SharedStorage {
 		pub, err := d.loc.Published(ctx, rel)
 		if err != nil || pub.Size != st.Size || pub.MtimeNs != st.Mtim.Nano() {
@@ -83,19 +96,6 @@ func (d *DMD) LocalRecord(ctx context.Context, rel string) (hfl.Record, bool) {
 	return rec, true
 }
 
-// notRegularHere fails when something other than a regular file is at rel:
-// a reader waiting for a file there would wait forever.
-func (d *DMD) notRegularHere(rel string) error {
-	var st syscall.Stat_t
-	if syscall.Lstat(d.BackingPath(rel), &st) != nil || st.Mode&syscall.S_IFMT == syscall.S_IFREG {
-		return nil
-	}
-	if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
-		return fmt.Errorf("%s is a directory: %w", rel, ErrNotRegular)
-	}
-	return fmt.Errorf("%s is not a regular file: %w", rel, ErrNotRegular)
-}
-
 // existsHere reports whether something is at rel in the backing store,
 // complete or not.
 func (d *DMD) existsHere(rel string) bool {
@@ -103,14 +103,52 @@ func (d *DMD) existsHere(rel string) bool {
 	return syscall.Lstat(d.BackingPath(rel), &st) == nil
 }
 
+// here is what one look at a path in the backing store found.
+type here struct {
+	present  bool // something is there
+	complete bool // ...a regular file, complete and current here
+}
+
+// lookHere looks at rel in the backing store, with one lstat. It fails
+// when something other than a regular file is there: a reader waiting for
+// a file there would wait forever.
+func (d *DMD) lookHere(ctx context.Context, rel string) (here, error) {
+	var st syscall.Stat_t
+	if syscall.Lstat(d.BackingPath(rel), &st) != nil {
+		return here{}, nil
+	}
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFREG:
+	case syscall.S_IFDIR:
+		return here{}, fmt.Errorf("%s is a directory: %w", rel, ErrNotRegular)
+	default:
+		return here{}, fmt.Errorf("%s is not a regular file: %w", rel, ErrNotRegular)
+	}
+	if !d.completeAs(rel, &st) {
+		return here{present: true}, nil
+	}
+	_, current := d.localRecordAs(ctx, rel, &st)
+	return here{present: true, complete: current}, nil
+}
+
 // WaitPath blocks until the file rel is complete in the backing store and
 // is the namespace's current version, and returns its backing path. A file
 // published by another node is fetched. The wait, of thread tid (0: not a
 // request), is listed while it lasts; it ends with ErrWaitTimeout,
 // ErrShutdown, or ctx's error.
+//
+// One path for every waiting open: one registration with the locator
+// (whatever ends the wait: a notice, the store, a change here), one look
+// at the backing store per change, one fetch; the caller's goroutine is
+// the only one that waits.
 func (d *DMD) WaitPath(ctx context.Context, rel string, tid uint32) (string, error) {
-	if _, ok := d.LocalRecord(ctx, rel); ok {
-		return d.BackingPath(rel), nil
+	// Watch before looking, so that a change between the look and the
+	// wait is not missed.
+	w := d.loc.Watch(rel)
+	defer w.Close()
+	h, err := d.lookHere(ctx, rel)
+	if err != nil || h.complete {
+		return d.pathIf(rel, h.complete), err
 	}
 	ctx, cancel := d.waitContext(ctx)
 	defer cancel()
@@ -125,18 +163,20 @@ func (d *DMD) WaitPath(ctx context.Context, rel string, tid uint32) (string, err
 	// carrying the file's bytes.
 	var arrived hfl.Record
 	committedOnly := false
-	for {
-		// Watch before looking, so that a change between the look and
-		// the wait is not missed.
-		w := d.watchPath(rel)
+	for looked := true; ; looked = false {
+		if !looked {
+			w.Rearm()
+			if h, err = d.lookHere(ctx, rel); err != nil || h.complete {
+				return d.pathIf(rel, h.complete), err
+			}
+		}
 		var p string
 		var after uint64
-		var err error
 		if arrived.Path == "" {
-			p, after, arrived, err = d.locateOnce(ctx, rel, !committedOnly)
+			p, after, arrived, err = d.locateOnce(ctx, w, h, !committedOnly)
 		}
 		if err == nil && p == "" && arrived.Path != "" {
-			p, after, err = d.fetchLocated(ctx, rel, arrived)
+			p, after, err = d.fetchLocated(ctx, rel, arrived, h)
 			// A record sent ahead that could not be fetched (the
 			// owner is rewriting the file, say) is not taken again:
 			// wait for what the store commits.
@@ -144,7 +184,6 @@ func (d *DMD) WaitPath(ctx context.Context, rel string, tid uint32) (string, err
 			arrived = hfl.Record{}
 		}
 		if err != nil || p != "" {
-			d.unwatch(rel, w)
 			return p, err
 		}
 		var recheck time.Duration
@@ -153,12 +192,17 @@ func (d *DMD) WaitPath(ctx context.Context, rel string, tid uint32) (string, err
 			// does not show it yet (attribute caches): look again soon.
 			recheck = sharedRecheck
 		}
-		arrived, err = d.waitChange(ctx, rel, w, after, recheck, !committedOnly)
-		d.unwatch(rel, w)
-		if err != nil {
+		if arrived, err = d.waitChange(ctx, w, after, recheck, !committedOnly); err != nil {
 			return "", err
 		}
 	}
+}
+
+func (d *DMD) pathIf(rel string, ok bool) string {
+	if ok {
+		return d.BackingPath(rel)
+	}
+	return ""
 }
 
 // sharedRecheck is how often a published file that shared storage does not
@@ -191,16 +235,15 @@ func (d *DMD) clearForFetch(ctx context.Context, rel string) bool {
 	return !d.existsHere(rel)
 }
 
-// locateOnce looks for rel through the locator. It returns the backing path
-// when the file is complete here (fetching it if it is complete elsewhere),
-// or the generation to wait past. With takeAhead, the locator may find a
-// record sent ahead of its publish: that is returned as arrived, for the
-// caller to fetch.
-func (d *DMD) locateOnce(ctx context.Context, rel string, takeAhead bool) (path string, after uint64, arrived hfl.Record, err error) {
-	if err := d.notRegularHere(rel); err != nil {
-		return "", 0, hfl.Record{}, err
-	}
-	rec, level, err := d.loc.LocateWaiting(ctx, rel, takeAhead)
+// locateOnce looks for w's path through the locator, past this node's
+// backing store (h is what it has). It returns the backing path when the
+// file is complete here (fetching it if it is complete elsewhere), or the
+// generation to wait past. With takeAhead, the locator may find a record
+// sent ahead of its publish: that is returned as arrived, for the caller
+// to fetch.
+func (d *DMD) locateOnce(ctx context.Context, w *hfl.Watch, h here, takeAhead bool) (path string, after uint64, arrived hfl.Record, err error) {
+	rel := w.Path()
+	rec, _, err := d.loc.LocateWaiting(ctx, w, takeAhead)
 	switch {
 	case errors.Is(err, hfl.ErrNotFound):
 		return "", 0, hfl.Record{}, nil
@@ -212,20 +255,19 @@ func (d *DMD) locateOnce(ctx context.Context, rel string, takeAhead bool) (path 
 		// wait reconnects and sees what is published meanwhile.
 		d.log.Warn("metadata store unavailable while locating; waiting", "path", rel, "err", err)
 		return "", 0, hfl.Record{}, nil
-	case level == hfl.LevelLocal:
-		return d.BackingPath(rel), 0, hfl.Record{}, nil
 	case rec.Provisional:
 		return "", 0, rec, nil
 	}
-	path, after, err = d.fetchLocated(ctx, rel, rec)
+	path, after, err = d.fetchLocated(ctx, rel, rec, h)
 	return path, after, hfl.Record{}, err
 }
 
 // fetchLocated fetches rel as rec, found by the locator (or sent ahead of
-// its publish), describes it. It returns the backing path when the file is
-// complete here, or the generation to wait past.
-func (d *DMD) fetchLocated(ctx context.Context, rel string, rec hfl.Record) (path string, after uint64, err error) {
-	if rec.Writing || rec.Owner == d.cfg.Node || d.cfg.SharedStorage || !d.clearForFetch(ctx, rel) {
+// its publish), describes it; h is what the backing store had when the
+// wait last looked. It returns the backing path when the file is complete
+// here, or the generation to wait past.
+func (d *DMD) fetchLocated(ctx context.Context, rel string, rec hfl.Record, h here) (path string, after uint64, err error) {
+	if rec.Writing || rec.Owner == d.cfg.Node || d.cfg.SharedStorage || (h.present && !d.clearForFetch(ctx, rel)) {
 		// Being rewritten (here or elsewhere), published from this
 		// backing store but not complete here, or being written here:
 		// wait for the writer or a newer publish rather than fetch over
@@ -246,8 +288,10 @@ func (d *DMD) fetchLocated(ctx context.Context, rel string, rec hfl.Record) (pat
 	switch {
 	case err == nil:
 		d.log.Debug("fetched", "path", rel, "owner", rec.Owner, "took", time.Since(start))
-		d.notify(rel)
-		if _, ok := d.LocalRecord(ctx, rel); ok {
+		d.loc.Changed(rel)
+		if c, ok := d.copyOf(rel); ok && c.owner == rec.Owner && c.gen >= rec.Generation {
+			// Installed: complete here, at the version located
+			// or newer.
 			return d.BackingPath(rel), 0, nil
 		}
 		return "", 0, nil // something else got there first: look again
@@ -263,57 +307,36 @@ func (d *DMD) fetchLocated(ctx context.Context, rel string, rec hfl.Record) (pat
 	return "", 0, fmt.Errorf("%w: %s from %s: %w", ErrFetch, rel, rec.Owner, err)
 }
 
-// waitChange blocks until a local change of rel (w fires), a publish of rel
-// newer than after reaches the global store, or the wait ends.
+// waitChange blocks until w's path changes here, a record of it newer
+// than after reaches this node, recheck (if not zero) passes, or the wait
+// ends.
 //
 // It returns the record that arrived if it was sent ahead of its publish
 // (provisional) or carries the file's bytes: the caller fetches it without
 // asking the locator again.
-func (d *DMD) waitChange(ctx context.Context, rel string, w *pathWatch, after uint64, recheck time.Duration, takeAhead bool) (hfl.Record, error) {
-	gctx, stop := context.WithCancel(ctx)
-	defer stop()
-	var again <-chan time.Time
+func (d *DMD) waitChange(ctx context.Context, w *hfl.Watch, after uint64, recheck time.Duration, takeAhead bool) (hfl.Record, error) {
+	wctx := ctx
 	if recheck > 0 {
-		t := time.NewTimer(recheck)
-		defer t.Stop()
-		again = t.C
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, recheck)
+		defer cancel()
 	}
-	type arrival struct {
-		rec hfl.Record
-		err error
-	}
-	global := make(chan arrival, 1)
-	go func() {
-		wait := d.loc.Wait
-		if takeAhead {
-			wait = d.loc.WaitAhead
+	rec, err := d.loc.Await(wctx, w, after, takeAhead)
+	switch {
+	case err == nil:
+		d.log.Debug("record arrived", "path", w.Path(), "provisional", rec.Provisional)
+		if rec.Provisional || rec.Inline != nil {
+			return rec, nil
 		}
-		rec, err := wait(gctx, rel, after)
-		global <- arrival{rec, err}
-	}()
-	select {
-	case <-w.ch:
 		return hfl.Record{}, nil
-	case <-again:
+	case errors.Is(err, hfl.ErrChangedHere):
 		return hfl.Record{}, nil
-	case a := <-global:
-		if a.err == nil {
-			d.log.Debug("record arrived", "path", rel, "provisional", a.rec.Provisional)
-			if a.rec.Provisional || a.rec.Inline != nil {
-				return a.rec, nil
-			}
-			return hfl.Record{}, nil
-		}
-		if ctx.Err() != nil {
-			return hfl.Record{}, d.waitErr(ctx)
-		}
-		if errors.Is(a.err, hfl.ErrClosed) {
-			return hfl.Record{}, ErrShutdown
-		}
-		return hfl.Record{}, fmt.Errorf("wait for %s: %w", rel, a.err)
-	case <-ctx.Done():
+	case ctx.Err() != nil:
 		return hfl.Record{}, d.waitErr(ctx)
-	case <-d.shutdown:
+	case wctx.Err() != nil:
+		return hfl.Record{}, nil // time to look again
+	case errors.Is(err, hfl.ErrClosed):
 		return hfl.Record{}, ErrShutdown
 	}
+	return hfl.Record{}, fmt.Errorf("wait for %s: %w", w.Path(), err)
 }

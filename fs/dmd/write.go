@@ -254,7 +254,7 @@ func (w *Writer) End(ctx context.Context, fd int, rel string) error {
 		if !d.names(name, w.id) {
 			continue
 		}
-		d.notify(name)
+		d.loc.Changed(name)
 		if changed {
 			rec := recordOf(name, d.cfg.Node, &st)
 			rec.Inline = inline
