@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/url"
 	"os"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -39,13 +40,15 @@ type Located struct {
 
 // Status is what the status file holds.
 type Status struct {
-	Info        map[string]string `json:"info"`
-	PID         int               `json:"pid"`
-	Mountpoint  string            `json:"mountpoint"`
-	Backing     string            `json:"backing"`
-	Node        string            `json:"node"`
-	Uptime      float64           `json:"uptime_seconds"`
-	Passthrough string            `json:"passthrough"`
+	Info map[string]string `json:"info"`
+	PID  int               `json:"pid"`
+	// Goroutines is how many the daemon runs: a waiting open parks one.
+	Goroutines  int     `json:"goroutines"`
+	Mountpoint  string  `json:"mountpoint"`
+	Backing     string  `json:"backing"`
+	Node        string  `json:"node"`
+	Uptime      float64 `json:"uptime_seconds"`
+	Passthrough string  `json:"passthrough"`
 	// CrashMarkers says whether files half-written when the daemon died
 	// can be detected at restart.
 	CrashMarkers bool    `json:"crash_markers"`
@@ -78,6 +81,7 @@ func (fsys *FS) Status() Status {
 	return Status{
 		Info:         fsys.cfg.Info,
 		PID:          os.Getpid(),
+		Goroutines:   runtime.NumGoroutine(),
 		Mountpoint:   fsys.cfg.Mountpoint,
 		Backing:      cfg.Backing,
 		Node:         cfg.Node,

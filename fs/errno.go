@@ -19,6 +19,12 @@ func (fsys *FS) errno(op, rel string, err error) syscall.Errno {
 	}
 	var errno syscall.Errno
 	switch {
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		// This node's backing store is full: the program can tell
+		// the user so, and what to free.
+		fsys.log.Warn(op+" failed", "path", rel, "err", err)
+		errors.As(err, &errno)
+		return errno
 	case errors.Is(err, dmd.ErrFetch):
 		// A failed transfer is EIO, even when a timeout ended it.
 		fsys.log.Warn(op+" failed", "path", rel, "err", err)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dyadfs/dyadfs/internal/poll"
+
 	"github.com/dyadfs/dyadfs/hfl/store/embedded"
 
 	"github.com/dyadfs/dyadfs/fs/dmd"
@@ -124,13 +126,7 @@ func TestCatWaitsForPublish(t *testing.T) {
 // progress that has no event to wait on.
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 20s")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, 20*time.Second, "condition", cond)
 }
 
 var _ = syscall.ENOENT

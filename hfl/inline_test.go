@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dyadfs/dyadfs/internal/poll"
+
 	"github.com/dyadfs/dyadfs/hfl/store/embedded"
 )
 
@@ -107,7 +109,7 @@ func TestNoticeCarriesSmallFiles(t *testing.T) {
 			}
 			got <- rec
 		}()
-		time.Sleep(5 * time.Millisecond) // let it subscribe
+		awaitHolder(t, locs, path, "n1")
 		pub, err := producer.Publish(ctx, inlineRec(path, data))
 		if err != nil {
 			t.Fatal(err)
@@ -120,24 +122,17 @@ func TestNoticeCarriesSmallFiles(t *testing.T) {
 		}
 		// The committed notice reaches the home aside: ask until the
 		// home answers with the committed record.
-		deadline := time.Now().Add(5 * time.Second)
-		for {
+		poll.Until(t, 5*time.Second, path+": the later consumer gets the bytes", func() bool {
 			later.Forget(path)
-			rec, lv, err := later.Record(ctx, path)
+			rec, _, err := later.Record(ctx, path)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if rec.Generation == pub.Generation && rec.Inline != nil {
-				if !bytes.Equal(rec.Inline.Data, data) {
-					t.Fatalf("%s: the later consumer got other bytes", path)
-				}
-				break
+			if rec.Generation == pub.Generation && rec.Inline != nil && !bytes.Equal(rec.Inline.Data, data) {
+				t.Fatalf("%s: the later consumer got other bytes", path)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: the later consumer got %+v from %v, never the bytes", path, rec, lv)
-			}
-			time.Sleep(time.Millisecond)
-		}
+			return rec.Generation == pub.Generation && rec.Inline != nil
+		})
 		if rec, err := store.Lookup(ctx, producer.Key(path)); err != nil || rec.Inline != nil {
 			t.Fatalf("%s: the store's record %+v, %v: want one without bytes", path, rec, err)
 		}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dyadfs/dyadfs/internal/poll"
+
 	"github.com/dyadfs/dyadfs/hfl/store/embedded"
 )
 
@@ -98,6 +100,34 @@ func noticeClusterWith(t *testing.T, n int, store Store, local func(i int) Local
 	return locs, net
 }
 
+// awaitHolder waits until path's home counts node among the holders of
+// path: a waiter of node has subscribed there.
+func awaitHolder(t *testing.T, locs []*Locator, path, node string) {
+	t.Helper()
+	dir, name := splitPath(path)
+	poll.Until(t, 5*time.Second, path+": "+node+" registered at its home", func() bool {
+		for _, l := range locs {
+			n := l.notices.Load()
+			if n == nil {
+				continue
+			}
+			h := n.home
+			h.mu.Lock()
+			var held bool
+			if d := h.dirs[dir]; d != nil {
+				if e := d.entries[name]; e != nil {
+					_, held = e.holders[node]
+				}
+			}
+			h.mu.Unlock()
+			if held {
+				return true
+			}
+		}
+		return false
+	})
+}
+
 func setNoticeGrace(t *testing.T, d time.Duration) {
 	old := noticeGrace
 	noticeGrace = d
@@ -121,9 +151,9 @@ func TestNoticeWakesWaiterWithoutStore(t *testing.T) {
 			rec, err = consumer.Wait(ctx, path, 0)
 			got <- err
 		}()
-		// Let the consumer subscribe first, as a consumer that waits
+		// The consumer subscribes first, as a consumer that waits
 		// before the producer starts does.
-		time.Sleep(5 * time.Millisecond)
+		awaitHolder(t, locs, path, "n1")
 		pub, err := producer.Publish(ctx, Record{Path: path, Owner: "n0", Size: int64(i)})
 		if err != nil {
 			t.Fatal(err)
@@ -164,8 +194,7 @@ func TestNoticeAnswersLookupsFromHome(t *testing.T) {
 		}
 		// The committed notice reaches the home aside: once it is there,
 		// the home answers, without a store lookup.
-		deadline := time.Now().Add(5 * time.Second)
-		for {
+		poll.Until(t, 5*time.Second, path+": answered by its home", func() bool {
 			locs[1].Forget(path)
 			before := store.lookups.Load()
 			rec, lv, err := locs[1].Record(ctx, path)
@@ -175,20 +204,14 @@ func TestNoticeAnswersLookupsFromHome(t *testing.T) {
 			if rec.Generation != pub.Generation {
 				t.Fatalf("%s: got generation %d, want %d", path, rec.Generation, pub.Generation)
 			}
-			if lv == LevelHome {
-				if store.lookups.Load() != before {
-					t.Fatalf("%s: answered by the home after a store lookup", path)
-				}
-				break
-			}
 			if lv == LevelCache {
 				t.Fatalf("%s: found in a cache that was just emptied", path)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: never answered by its home", path)
+			if lv == LevelHome && store.lookups.Load() != before {
+				t.Fatalf("%s: answered by the home after a store lookup", path)
 			}
-			time.Sleep(time.Millisecond)
-		}
+			return lv == LevelHome
+		})
 	}
 	if locs[1].Stats().Hits["home"] == 0 {
 		t.Errorf("home hits not counted: %+v", locs[1].Stats())
@@ -212,7 +235,7 @@ func TestNoticeFallsBackOnStore(t *testing.T) {
 			_, err := locs[1].Wait(ctx, path, 0)
 			got <- err
 		}()
-		time.Sleep(2 * time.Millisecond)
+		poll.Until(t, 5*time.Second, path+": waiting", func() bool { return locs[1].WaitingPaths() > 0 })
 		if _, err := locs[0].Publish(ctx, Record{Path: path, Owner: "n0"}); err != nil {
 			t.Fatal(err)
 		}
@@ -241,18 +264,11 @@ func TestNoticeUnpublishForgetsAtHome(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Sent aside: the home forgets soon.
-		deadline := time.Now().Add(5 * time.Second)
-		for {
+		poll.Until(t, 5*time.Second, path+": gone after unpublish", func() bool {
 			locs[1].Forget(path)
 			_, _, err := locs[1].Record(ctx, path)
-			if errors.Is(err, ErrNotFound) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: still found after unpublish: %v", path, err)
-			}
-			time.Sleep(time.Millisecond)
-		}
+			return errors.Is(err, ErrNotFound)
+		})
 	}
 }
 
@@ -341,14 +357,8 @@ func TestNoticeJoinAnnouncesNewMember(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Well before the members are read again (membersRefresh).
-	deadline := time.Now().Add(membersRefresh / 2)
 	for _, old := range locs {
-		for old.Stats().Notices.Members != 3 {
-			if time.Now().After(deadline) {
-				t.Fatalf("a member did not learn of the new one: %+v", old.Stats().Notices)
-			}
-			time.Sleep(time.Millisecond)
-		}
+		poll.Until(t, membersRefresh/2, "a member learns of the new one", func() bool { return old.Stats().Notices.Members == 3 })
 	}
 	if _, err := locs[0].HandleMessage(ctx, "n1", []byte(`{"k":"join","member":{"node":"n2","addr":"x:1"}}`)); err == nil {
 		t.Error("a join naming another node was taken")

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dyadfs/dyadfs/internal/poll"
+
 	"github.com/dyadfs/dyadfs/hfl/store/embedded"
 )
 
@@ -109,13 +111,7 @@ func testContext(t *testing.T) context.Context {
 // eventuallyTrue polls cond for up to five seconds.
 func eventuallyTrue(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 5s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, 5*time.Second, what, cond)
 }
 
 // TestPromiseSparesTheStore: a node that asked once answers again from
@@ -372,7 +368,7 @@ func TestRemovalWaitsForAnUnreachableHome(t *testing.T) {
 	start := time.Now()
 	gone := make(chan time.Time, 1)
 	go func() {
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // lets time pass: the removal waits for n1 meanwhile
 		store.mu.Lock()
 		store.hide["n1"] = true
 		store.mu.Unlock()

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dyadfs/dyadfs/internal/poll"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/dyadfs/dyadfs/fs"
@@ -188,13 +190,7 @@ func (m *mount) waitStatus(what string, cond func(fs.Status) bool) {
 // another process's progress that has no event; it is bounded.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(bound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached within %v", what, bound)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	poll.Until(t, bound, what, cond)
 }
 
 // unmount unmounts with fusermount3 and waits for the daemon to exit.

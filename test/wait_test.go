@@ -324,3 +324,33 @@ func TestWaitingReaderIsNotAFile(t *testing.T) {
 		t.Fatalf("reader: %v", r)
 	}
 }
+
+// TestThousandWaitingOpens: 1,000 opens wait at once for files published
+// nowhere yet. Each parks one goroutine in the daemon (the request's own:
+// whatever ends a wait, it ends it through one registration), each is
+// listed, and each reads its file once it is published.
+func TestThousandWaitingOpens(t *testing.T) {
+	m := newMount(t)
+	mustSh(t, m.mnt, "mkdir k")
+	before := m.status().Goroutines
+	const n = 1000
+	readers := make([]<-chan result, n)
+	for i := range readers {
+		readers[i] = start(t, m.mnt, "cat", fmt.Sprintf("k/f%d", i))
+	}
+	m.waitStatus("all waiting", func(st fs.Status) bool { return len(st.Waiters) >= n })
+	st := m.status()
+	// A few more for the status read itself and the server's readers.
+	if extra := st.Goroutines - before; extra > n+32 {
+		t.Fatalf("%d goroutines more with %d opens waiting (%d before): want at most one per waiting open", extra, n, before)
+	} else {
+		t.Logf("%d goroutines more with %d opens waiting", extra, n)
+	}
+	mustSh(t, m.mnt, fmt.Sprintf("cd k && for i in $(seq 0 %d); do echo $i > f$i; done", n-1))
+	for i, ch := range readers {
+		if r := within(t, "reader", bound, ch); r.err != nil || r.stdout != fmt.Sprintf("%d\n", i) {
+			t.Fatalf("reader %d: %v", i, r)
+		}
+	}
+	m.waitStatus("no waits left", func(st fs.Status) bool { return len(st.Waiters) == 0 && st.DMD.Waiting == 0 })
+}

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dyadfs/dyadfs/internal/poll"
+
 	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/dtl/dtltest"
 )
@@ -381,10 +383,8 @@ func TestCloseEndsEverything(t *testing.T) {
 		}
 		client.Close()
 	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond) // runtime goroutines (timers, AfterFunc) finish
-	}
+	// Runtime goroutines (timers, AfterFunc) finish on their own.
+	poll.Within(5*time.Second, func() bool { return runtime.NumGoroutine() <= before })
 	if after := runtime.NumGoroutine(); after > before {
 		buf := make([]byte, 1<<20)
 		t.Errorf("%d goroutines before, %d after:\n%s", before, after, buf[:runtime.Stack(buf, true)])

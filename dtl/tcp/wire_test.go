@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dyadfs/dyadfs/internal/poll"
+
 	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/dtl/dtltest"
 )
@@ -574,15 +576,9 @@ func TestHandshakeBound(t *testing.T) {
 		r.conn.Close()
 	}
 	client, _ := newTransport(t, secret, opts{})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	// Slots are freed as the server notices each close.
+	poll.Until(t, 10*time.Second, "a fetch after the silent peers left", func() bool {
 		_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t))
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fetch after the silent peers left: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond) // slots are freed as the server notices each close
-	}
+		return err == nil
+	})
 }

@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dyadfs/dyadfs/internal/poll"
 )
 
 func TestParseSyscall(t *testing.T) {
@@ -89,17 +91,10 @@ func TestReadCallOfBlockedOpen(t *testing.T) {
 	// asleep in the open (bounded).
 	var c Call
 	var err error
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	poll.Until(t, 10*time.Second, "cat seen in open", func() bool {
 		c, err = ReadCall(uint32(cmd.Process.Pid))
-		if err == nil && c.Open {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("cat never seen in open: %+v, %v", c, err)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return err == nil && c.Open
+	})
 	if c.Path != "fifo" || c.Dirfd != atFDCWD || !readOnlyFileOpen(c.Flags) {
 		t.Fatalf("decoded %+v, want openat(AT_FDCWD, \"fifo\", O_RDONLY)", c)
 	}

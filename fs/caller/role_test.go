@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"testing"
 	"time"
+
+	"github.com/dyadfs/dyadfs/internal/poll"
 )
 
 func TestDecideRole(t *testing.T) {
@@ -53,13 +55,9 @@ func TestRoleOfProcess(t *testing.T) {
 	}
 	defer cmd.Wait()
 	defer cmd.Process.Kill()
-	deadline := time.Now().Add(5 * time.Second)
-	for RoleOf(uint32(cmd.Process.Pid), "/mnt/dmd/x") != RoleNoWait {
-		if time.Now().After(deadline) {
-			t.Fatal("the producer's environment was not read")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, 5*time.Second, "the producer's environment is read", func() bool {
+		return RoleOf(uint32(cmd.Process.Pid), "/mnt/dmd/x") == RoleNoWait
+	})
 	if got := RoleOf(uint32(os.Getpid()), "/mnt/dmd/x"); got != RoleDefault && os.Getenv(EnvProducer) == "" && os.Getenv(EnvWait) == "" && os.Getenv(EnvConsumer) == "" {
 		t.Errorf("this process said nothing, yet RoleOf = %v", got)
 	}

@@ -303,8 +303,10 @@ func (d *DMD) Close() error {
 }
 
 // waitContext applies the configured wait timeout, and ends with the
-// filesystem.
+// filesystem. The wait is detached from ctx (see detach): it parks no
+// goroutine but its caller's.
 func (d *DMD) waitContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, release := detach(ctx)
 	var cancel context.CancelFunc
 	if d.cfg.WaitTimeout > 0 {
 		ctx, cancel = context.WithTimeoutCause(ctx, d.cfg.WaitTimeout, ErrWaitTimeout)
@@ -315,6 +317,7 @@ func (d *DMD) waitContext(ctx context.Context) (context.Context, context.CancelF
 	return ctx, func() {
 		stop()
 		cancel()
+		release()
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dyadfs/dyadfs/internal/poll"
+
 	"github.com/dyadfs/dyadfs/hfl/store/embedded"
 
 	"github.com/dyadfs/dyadfs/dtl"
@@ -194,10 +196,7 @@ func TestFailedPublishesAreRetried(t *testing.T) {
 		t.Fatalf("%d pending, want 2", d.PendingPublishes())
 	}
 	store.down.Store(false)
-	deadline := time.Now().Add(20 * time.Second)
-	for d.PendingPublishes() > 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, 20*time.Second, "pending publishes retried", func() bool { return d.PendingPublishes() == 0 })
 	if _, err := fx.record("late"); err != nil {
 		t.Fatalf("failed publish not retried: %v", err)
 	}

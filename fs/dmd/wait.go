@@ -209,6 +209,10 @@ func (d *DMD) pathIf(rel string, ok bool) string {
 // show yet is looked at again.
 const sharedRecheck = 100 * time.Millisecond
 
+// storeRetry is how long a wait that the store failed waits before it
+// looks again.
+const storeRetry = 500 * time.Millisecond
+
 // waitForKey carries, in a wait's context, the function that says what the
 // wait is waiting for now.
 type waitForKey struct{}
@@ -337,6 +341,18 @@ func (d *DMD) waitChange(ctx context.Context, w *hfl.Watch, after uint64, rechec
 		return hfl.Record{}, nil // time to look again
 	case errors.Is(err, hfl.ErrClosed):
 		return hfl.Record{}, ErrShutdown
+	case errors.Is(err, hfl.ErrUnavailable):
+		// The store is unreachable (restarting, say): the wait goes
+		// on, and looks again in a moment.
+		d.log.Debug("metadata store unavailable while waiting; waiting on", "path", w.Path(), "err", err)
+		t := time.NewTimer(storeRetry)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return hfl.Record{}, nil
+		case <-ctx.Done():
+			return hfl.Record{}, d.waitErr(ctx)
+		}
 	}
 	return hfl.Record{}, fmt.Errorf("wait for %s: %w", w.Path(), err)
 }
