@@ -108,7 +108,7 @@ type Locator struct {
 	cfg   LocatorConfig
 	store Store
 	local LocalIndex
-	waits *waits // every wait for a path, whatever ends it
+	waits *waits       // every wait for a path, whatever ends it
 	cache *recordCache // a single node's own records
 
 	notices atomic.Pointer[notices]
