@@ -102,7 +102,10 @@ func (fsys *FS) lookupMissing(ctx context.Context, parent *gofs.Inode, rel strin
 	}
 	intent := caller.Classify(call, tid, fsys.cfg.Mountpoint, rel)
 	if intent == caller.OpenFile || intent == caller.Traverse {
-		if !belowPlaceholder {
+		// A directory that appeared meanwhile is looked up again. A
+		// file need not be: the placeholder's open looks at it first
+		// (see dmd.WaitPath), and a placeholder is never cached.
+		if intent == caller.Traverse && !belowPlaceholder {
 			var st syscall.Stat_t
 			if syscall.Lstat(fsys.dmd.BackingPath(rel), &st) == nil {
 				return nil, 0

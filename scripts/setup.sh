@@ -9,7 +9,8 @@ export PATH="$PATH:/usr/local/go/bin"
 # shared between nodes; python3 and util-linux (unshare, nsenter, setpriv)
 # for the tests; iproute2 (ip, tc) for the multi-node tests; iperf3 for the
 # benchmark's network baseline; the programs the tests run on the mount
-# as users do (rsync, sqlite3, and Debian's python3 with numpy and h5py).
+# as users do (rsync, sqlite3, and Debian's python3 with numpy and h5py);
+# strace, to count what the daemon does for one waiting open.
 packages=()
 command -v fusermount3 >/dev/null || packages+=(fuse3)
 command -v etcd >/dev/null || packages+=(etcd-server)
@@ -19,6 +20,7 @@ command -v ip >/dev/null || packages+=(iproute2)
 command -v iperf3 >/dev/null || packages+=(iperf3)
 command -v rsync >/dev/null || packages+=(rsync)
 command -v sqlite3 >/dev/null || packages+=(sqlite3)
+command -v strace >/dev/null || packages+=(strace)
 /usr/bin/python3 -c 'import numpy, h5py' 2>/dev/null || packages+=(python3-numpy python3-h5py)
 if ((${#packages[@]})); then
 	if [[ $(id -u) -ne 0 ]]; then

@@ -166,6 +166,10 @@ func (d *DMD) WaitPath(ctx context.Context, rel string, tid uint32) (string, err
 	for looked := true; ; looked = false {
 		if !looked {
 			w.Rearm()
+		}
+		// A record that arrived is fetched without another look: its
+		// install never replaces what may have appeared meanwhile.
+		if !looked && arrived.Path == "" {
 			if h, err = d.lookHere(ctx, rel); err != nil || h.complete {
 				return d.pathIf(rel, h.complete), err
 			}
@@ -315,9 +319,8 @@ func (d *DMD) fetchLocated(ctx context.Context, rel string, rec hfl.Record, h he
 // than after reaches this node, recheck (if not zero) passes, or the wait
 // ends.
 //
-// It returns the record that arrived if it was sent ahead of its publish
-// (provisional) or carries the file's bytes: the caller fetches it without
-// asking the locator again.
+// It returns the record that arrived, if one did: the caller fetches it
+// without asking the locator again.
 func (d *DMD) waitChange(ctx context.Context, w *hfl.Watch, after uint64, recheck time.Duration, takeAhead bool) (hfl.Record, error) {
 	wctx := ctx
 	if recheck > 0 {
@@ -329,10 +332,7 @@ func (d *DMD) waitChange(ctx context.Context, w *hfl.Watch, after uint64, rechec
 	switch {
 	case err == nil:
 		d.log.Debug("record arrived", "path", w.Path(), "provisional", rec.Provisional)
-		if rec.Provisional || rec.Inline != nil {
-			return rec, nil
-		}
-		return hfl.Record{}, nil
+		return rec, nil
 	case errors.Is(err, hfl.ErrChangedHere):
 		return hfl.Record{}, nil
 	case ctx.Err() != nil:
