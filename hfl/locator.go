@@ -108,6 +108,7 @@ type Locator struct {
 	cfg   LocatorConfig
 	store Store
 	local LocalIndex
+	peers Peers        // nil: no notices
 	waits *waits       // every wait for a path, whatever ends it
 	cache *recordCache // a single node's own records
 
@@ -117,12 +118,14 @@ type Locator struct {
 	misses atomic.Uint64
 }
 
-// NewLocator returns a locator over store; local may be nil.
-func NewLocator(cfg LocatorConfig, store Store, local LocalIndex) (*Locator, error) {
+// NewLocator returns a locator over store. local, its first level, may be
+// nil; so may peers, through which it exchanges notices with the other
+// nodes once StartNotices is called (nil: it never does).
+func NewLocator(cfg LocatorConfig, store Store, local LocalIndex, peers Peers) (*Locator, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Locator{cfg: cfg, store: guardStore(store), local: local, waits: newWaits(), cache: newRecordCache(cfg.CacheSize)}, nil
+	return &Locator{cfg: cfg, store: guardStore(store), local: local, peers: peers, waits: newWaits(), cache: newRecordCache(cfg.CacheSize)}, nil
 }
 
 // SingleNode reports whether no other node uses the store.

@@ -213,11 +213,15 @@ type notices struct {
 	sent, received, failed, breaks, broken, woken, storeWaits, homeWaits atomic.Uint64
 }
 
-// EnableNotices makes the locator send and answer notices through peers, as
-// the member self (whose Started tells its incarnation); it reads the
-// members of the job now and again until ctx ends. HandleMessage must
-// receive the messages peers send.
-func (l *Locator) EnableNotices(ctx context.Context, self Member, peers Peers, log *slog.Logger) error {
+// StartNotices makes the locator send and answer notices through its
+// peers, as the member self (whose Started tells its incarnation); it
+// reads the members of the job now and again until ctx ends. HandleMessage
+// must receive the messages peers send. Without peers it does nothing.
+func (l *Locator) StartNotices(ctx context.Context, self Member, log *slog.Logger) error {
+	peers := l.peers
+	if peers == nil {
+		return nil
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}

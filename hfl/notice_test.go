@@ -79,7 +79,7 @@ func noticeClusterWith(t *testing.T, n int, store Store, local func(i int) Local
 	var locs []*Locator
 	var members []Member
 	for i := 0; i < n; i++ {
-		l, err := NewLocator(DefaultLocatorConfig(), store, local(i))
+		l, err := NewLocator(DefaultLocatorConfig(), store, local(i), &memPeers{from: fmt.Sprintf("n%d", i), net: net})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +93,7 @@ func noticeClusterWith(t *testing.T, n int, store Store, local func(i int) Local
 		locs = append(locs, l)
 	}
 	for i, l := range locs {
-		if err := l.EnableNotices(ctx, members[i], &memPeers{from: fmt.Sprintf("n%d", i), net: net}, nil); err != nil {
+		if err := l.StartNotices(ctx, members[i], nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -309,7 +309,7 @@ func TestHandleMessageRefusesBadNotices(t *testing.T) {
 			t.Errorf("notice %q was taken", msg)
 		}
 	}
-	off, _ := NewLocator(DefaultLocatorConfig(), store, nil)
+	off, _ := NewLocator(DefaultLocatorConfig(), store, nil, nil)
 	if _, err := off.HandleMessage(ctx, "n9", []byte(`{"k":"ask","path":"a"}`)); err == nil {
 		t.Error("a locator without notices answered one")
 	}
@@ -323,13 +323,13 @@ func FuzzHandleMessage(f *testing.F) {
 	f.Add([]byte(`{"k":"brk","path":"a/b","rec":{"path":"a/b","owner":"n1","gen":8},"ls":true}`))
 	f.Add([]byte(`{"k":"pub","rec":{"path":"a/b","owner":"n1","size":2,"prov":true},"inline":{},"pn":3}` + "\x00ab"))
 	store := embedded.New()
-	l, err := NewLocator(DefaultLocatorConfig(), store, nil)
+	l, err := NewLocator(DefaultLocatorConfig(), store, nil, &memPeers{from: "n0", net: &memNet{locs: map[string]*Locator{}, down: map[string]bool{}}})
 	if err != nil {
 		f.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f.Cleanup(cancel)
-	if err := l.EnableNotices(ctx, Member{Node: "n0"}, &memPeers{from: "n0", net: &memNet{locs: map[string]*Locator{}, down: map[string]bool{}}}, nil); err != nil {
+	if err := l.StartNotices(ctx, Member{Node: "n0"}, nil); err != nil {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, msg []byte) {
@@ -342,7 +342,7 @@ func TestNoticeJoinAnnouncesNewMember(t *testing.T) {
 	locs, net := noticeCluster(t, 2, store)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	l, err := NewLocator(DefaultLocatorConfig(), store, nil)
+	l, err := NewLocator(DefaultLocatorConfig(), store, nil, &memPeers{from: "n2", net: net})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,7 +353,7 @@ func TestNoticeJoinAnnouncesNewMember(t *testing.T) {
 	net.mu.Lock()
 	net.locs["10.0.0.3:7447"] = l
 	net.mu.Unlock()
-	if err := l.EnableNotices(ctx, m, &memPeers{from: "n2", net: net}, nil); err != nil {
+	if err := l.StartNotices(ctx, m, nil); err != nil {
 		t.Fatal(err)
 	}
 	// Well before the members are read again (membersRefresh).

@@ -319,7 +319,7 @@ func TestPromisesEndWithTheirHome(t *testing.T) {
 	if _, lv, _ := locs[1].Record(ctx, path); lv != LevelCache {
 		t.Fatalf("second lookup at %v, want the cache", lv)
 	}
-	l, err := NewLocator(DefaultLocatorConfig(), store, nil)
+	l, err := NewLocator(DefaultLocatorConfig(), store, nil, &memPeers{from: "n2", net: net})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,7 +330,7 @@ func TestPromisesEndWithTheirHome(t *testing.T) {
 	net.mu.Lock()
 	net.locs[m.Addr] = l
 	net.mu.Unlock()
-	if err := l.EnableNotices(ctx, m, &memPeers{from: "n2", net: net}, nil); err != nil {
+	if err := l.StartNotices(ctx, m, nil); err != nil {
 		t.Fatal(err)
 	}
 	eventuallyTrue(t, "n1 knows n2", func() bool { return locs[1].Stats().Notices.Members == 3 })

@@ -64,12 +64,9 @@ func joinJob(ctx context.Context, c *mountConfig, t dtl.Transport, d *dmd.DMD, l
 		return nil, fail(exitStore, err.Error())
 	}
 	nctx, stop := context.WithCancel(context.Background())
-	// Notices travel as the transport's messages, where it carries them.
-	if messenger, ok := t.(dtl.Messenger); ok {
-		if err := loc.EnableNotices(nctx, self, messenger, log); err != nil {
-			// Waits still work through the store alone, only slower.
-			log.Warn("notices are off", "err", err)
-		}
+	if err := loc.StartNotices(nctx, self, log); err != nil {
+		// Waits still work through the store alone, only slower.
+		log.Warn("notices are off", "err", err)
 	}
 	log.Info("sharing files", "transport", c.DTL, "addr", t.Addr(), "node", c.DMD.Node)
 	return stop, nil

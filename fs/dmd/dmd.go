@@ -228,7 +228,12 @@ func New(cfg Config, p Parts) (*DMD, error) {
 	if !d.markers {
 		log.Warn("backing store does not support user xattrs: files half-written when dyadfs dies cannot be told from complete ones", "backing", cfg.Backing)
 	}
-	d.loc, err = hfl.NewLocator(p.Locator, p.Store, d)
+	// Notices travel as the transport's messages, where it carries them.
+	var peers hfl.Peers
+	if m, ok := p.Transport.(dtl.Messenger); ok {
+		peers = m
+	}
+	d.loc, err = hfl.NewLocator(p.Locator, p.Store, d, peers)
 	if err != nil {
 		d.closeFds()
 		return nil, err

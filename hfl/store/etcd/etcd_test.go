@@ -650,7 +650,7 @@ func TestEtcdNamespacesApart(t *testing.T) {
 		cfg := hfl.DefaultLocatorConfig()
 		cfg.Namespace = ns
 		s := openEtcd(t, srv.Endpoints(), etcd.DefaultPrefix, nil)
-		loc, err := hfl.NewLocator(cfg, s, nil)
+		loc, err := hfl.NewLocator(cfg, s, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -771,7 +771,7 @@ func TestEtcdSameNodeIDAtOnce(t *testing.T) {
 	daemon := func() *hfl.Locator {
 		cfg := hfl.DefaultLocatorConfig()
 		cfg.Namespace = "job"
-		loc, err := hfl.NewLocator(cfg, openEtcd(t, srv.Endpoints(), etcd.DefaultPrefix, nil), nil)
+		loc, err := hfl.NewLocator(cfg, openEtcd(t, srv.Endpoints(), etcd.DefaultPrefix, nil), nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
