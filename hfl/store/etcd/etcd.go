@@ -236,7 +236,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		case ctx.Err() != nil:
 			return nil, fmt.Errorf("metadata store etcd://%s: no answer before the deadline (%w): %s", endpoints, ctx.Err(), hint)
 		case cctx.Err() != nil:
-			return nil, fmt.Errorf("metadata store etcd://%s: no answer within %v: %s", endpoints, cfg.DialTimeout, hint)
+			return nil, fmt.Errorf("metadata store etcd://%s: no answer within %v (%w): %s", endpoints, cfg.DialTimeout, store.ErrUnavailable, hint)
 		}
 		return nil, fmt.Errorf("metadata store etcd://%s: %w: %s", endpoints, err, hint)
 	}
