@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dyadfs/dyadfs/internal/poll"
 )
 
 // One namespace on every node: names published anywhere are listed and
@@ -52,10 +54,7 @@ func TestClusterNamesEverywhere(t *testing.T) {
 		// The last files' publishes follow their closes (the release
 		// is asynchronous): the tree is whole everywhere soon after.
 		var got string
-		deadline := time.Now().Add(5 * time.Second)
-		for got = n.mustSh(describe); got != want && time.Now().Before(deadline); got = n.mustSh(describe) {
-			time.Sleep(20 * time.Millisecond)
-		}
+		poll.Within(5*time.Second, func() bool { got = n.mustSh(describe); return got == want })
 		if got != want {
 			t.Fatalf("%s lists the tree as\n%s\nits producer as\n%s", n.name, got, want)
 		}

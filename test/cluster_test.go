@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dyadfs/dyadfs/internal/poll"
+
 	"github.com/dyadfs/dyadfs/hfl/store/etcd"
 
 	"github.com/dyadfs/dyadfs/fs"
@@ -449,20 +451,19 @@ func openEtcd(ctx context.Context, url string) (*etcd.Store, error) {
 func init() {
 	// etcd-ready ENDPOINT-URL: wait (bounded) until the store answers.
 	helpers["etcd-ready"] = func(args []string) int {
-		deadline := time.Now().Add(bound)
-		for {
+		var err error
+		if poll.Within(bound, func() bool {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			s, err := openEtcd(ctx, args[0])
-			cancel()
-			if err == nil {
+			defer cancel()
+			var s *etcd.Store
+			if s, err = openEtcd(ctx, args[0]); err == nil {
 				s.Close()
-				return 0
 			}
-			if time.Now().After(deadline) {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-			time.Sleep(50 * time.Millisecond)
+			return err == nil
+		}) {
+			return 0
 		}
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 }

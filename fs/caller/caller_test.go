@@ -122,18 +122,13 @@ func TestReadCallNotOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := ReadCall(uint32(cmd.Process.Pid))
-		if err == nil && c.Nr >= 0 && !c.Open {
-			if got := Classify(c, uint32(cmd.Process.Pid), "/mnt", "x"); got != Other {
-				t.Fatalf("Classify(sleep) = %v", got)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sleep never seen asleep: %+v, %v", c, err)
-		}
-		time.Sleep(time.Millisecond)
+	var c Call
+	poll.Until(t, 10*time.Second, "sleep seen asleep", func() bool {
+		var err error
+		c, err = ReadCall(uint32(cmd.Process.Pid))
+		return err == nil && c.Nr >= 0 && !c.Open
+	})
+	if got := Classify(c, uint32(cmd.Process.Pid), "/mnt", "x"); got != Other {
+		t.Fatalf("Classify(sleep) = %v", got)
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dyadfs/dyadfs/internal/poll"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -193,7 +195,7 @@ func TestEtcdWaitSurvivesRestart(t *testing.T) {
 				srv.Kill()
 			}
 			// Down for longer than the request timeout and the lease's TTL.
-			time.Sleep(3 * time.Second)
+			time.Sleep(3 * time.Second) // lets time pass
 			select {
 			case r := <-done:
 				t.Fatalf("Wait ended while etcd was down: %+v, %v", r.rec, r.err)
@@ -208,14 +210,10 @@ func TestEtcdWaitSurvivesRestart(t *testing.T) {
 
 			// The client reconnects within its backoff (at most DialTimeout).
 			var second store.Record
-			deadline := time.Now().Add(15 * time.Second)
-			for {
+			poll.Within(15*time.Second, func() bool {
 				second, err = s.Publish(ctx, eslot("job/k"), record("p", "n2"))
-				if err == nil || time.Now().After(deadline) {
-					break
-				}
-				t.Logf("publish right after the restart: %v", err)
-			}
+				return err == nil
+			})
 			if err != nil {
 				t.Fatalf("Publish after the restart: %v", err)
 			}
@@ -230,7 +228,7 @@ func TestEtcdWaitSurvivesRestart(t *testing.T) {
 
 			// Twice the TTL later the registration is still there: the lease
 			// was kept alive or the value put on a new one.
-			time.Sleep(4 * time.Second)
+			time.Sleep(4 * time.Second) // lets time pass
 			other := openEtcd(t, srv.Endpoints(), "/restart/", nil)
 			if v, err := other.Get(ctx, "job/nodes/n1"); err != nil || string(v) != "n1" {
 				t.Fatalf("registration after the restart = %q, %v", v, err)
@@ -304,7 +302,7 @@ func TestEtcdCallsFailWhileDown(t *testing.T) {
 	t.Run("CloseEndsWait", func(t *testing.T) {
 		s2 := openEtcdDown(t, srv)
 		done := waitAsync(ctx, s2, "k", 0)
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // lets time pass: the wait is under way, on a store that is down
 		start := time.Now()
 		s2.Close()
 		select {
@@ -448,7 +446,7 @@ func TestEtcdRegisterExpiresWhenProcessDies(t *testing.T) {
 	wch := raw.Watch(ctx, etcd.DefaultPrefix+"val/job/nodes/child", clientv3.WithRev(resp.Header.Revision+1))
 
 	// Let a few renewals pass, then kill the daemon.
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // lets time pass
 	if err := child.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -749,17 +747,10 @@ func TestEtcdAbandonedWaitsLeaveNoWatchers(t *testing.T) {
 	}
 	wg.Wait()
 	// The client cancels watches on the server asynchronously.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	poll.Until(t, 10*time.Second, "no watcher left on the server after every wait ended", func() bool {
 		n, err := srv.Watchers()
-		if err == nil && n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d watchers (%v) on the server 10s after every wait ended", n, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil && n == 0
+	})
 }
 
 // Two daemons (each with its own client) started at once with the same node
