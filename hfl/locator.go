@@ -184,18 +184,7 @@ func (l *Locator) Publish(ctx context.Context, rec Record) (Record, error) {
 // node holding a promise for the path (a rename, a link, a chmod made here
 // is seen everywhere once it returns). No provisional notice goes ahead.
 func (l *Locator) PublishSync(ctx context.Context, rec Record) (Record, error) {
-	rec.Provisional, rec.Generation, rec.Inline, rec.Writing = false, 0, nil, false
-	out, err := l.store.Publish(ctx, l.Slot(rec.Path), rec)
-	if err != nil {
-		return Record{}, fmt.Errorf("publish %s: %w", rec.Path, err)
-	}
-	if n := l.notices.Load(); n != nil {
-		n.holder.addToListing(out, true)
-		n.tellHomeSync(ctx, notice{Kind: kindPublished, Rec: &out, Sync: true}, out.Path, out, true)
-	} else {
-		l.cache.put(out)
-	}
-	return out, nil
+	return l.publishTold(ctx, rec, false)
 }
 
 // Claim records that this node is rewriting a file published before: rec
@@ -205,10 +194,20 @@ func (l *Locator) PublishSync(ctx context.Context, rec Record) (Record, error) {
 // (close-to-open: an open that starts after the writer's close reads the
 // new version). The next Publish ends the claim.
 func (l *Locator) Claim(ctx context.Context, rec Record) (Record, error) {
-	rec.Provisional, rec.Generation, rec.Inline, rec.Writing = false, 0, nil, true
+	return l.publishTold(ctx, rec, true)
+}
+
+// publishTold commits rec (a claim if writing) and returns once the path's
+// home told every holder of the path.
+func (l *Locator) publishTold(ctx context.Context, rec Record, writing bool) (Record, error) {
+	rec.Provisional, rec.Generation, rec.Inline, rec.Writing = false, 0, nil, writing
 	out, err := l.store.Publish(ctx, l.Slot(rec.Path), rec)
 	if err != nil {
-		return Record{}, fmt.Errorf("claim %s: %w", rec.Path, err)
+		what := "publish"
+		if writing {
+			what = "claim"
+		}
+		return Record{}, fmt.Errorf("%s %s: %w", what, rec.Path, err)
 	}
 	if n := l.notices.Load(); n != nil {
 		n.holder.addToListing(out, true)

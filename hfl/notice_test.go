@@ -337,25 +337,32 @@ func FuzzHandleMessage(f *testing.F) {
 	})
 }
 
+// joinNode starts one more node of a notice cluster, at addr.
+func joinNode(t *testing.T, ctx context.Context, store Store, net *memNet, node, addr string) *Locator {
+	t.Helper()
+	l, err := NewLocator(DefaultLocatorConfig(), store, nil, &memPeers{from: node, net: net})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := Member{Node: node, Transport: "mem", Addr: addr, Started: time.Now()}
+	if err := l.Register(ctx, m, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	net.mu.Lock()
+	net.locs[addr] = l
+	net.mu.Unlock()
+	if err := l.StartNotices(ctx, m, nil); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 func TestNoticeJoinAnnouncesNewMember(t *testing.T) {
 	store := &slowStore{Store: embedded.New()}
 	locs, net := noticeCluster(t, 2, store)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	l, err := NewLocator(DefaultLocatorConfig(), store, nil, &memPeers{from: "n2", net: net})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := Member{Node: "n2", Transport: "mem", Addr: "10.0.0.3:7447", Started: time.Now()}
-	if err := l.Register(ctx, m, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	net.mu.Lock()
-	net.locs["10.0.0.3:7447"] = l
-	net.mu.Unlock()
-	if err := l.StartNotices(ctx, m, nil); err != nil {
-		t.Fatal(err)
-	}
+	joinNode(t, ctx, store, net, "n2", "10.0.0.3:7447")
 	// Well before the members are read again (membersRefresh).
 	for _, old := range locs {
 		poll.Until(t, membersRefresh/2, "a member learns of the new one", func() bool { return old.Stats().Notices.Members == 3 })

@@ -319,20 +319,7 @@ func TestPromisesEndWithTheirHome(t *testing.T) {
 	if _, lv, _ := locs[1].Record(ctx, path); lv != LevelCache {
 		t.Fatalf("second lookup at %v, want the cache", lv)
 	}
-	l, err := NewLocator(DefaultLocatorConfig(), store, nil, &memPeers{from: "n2", net: net})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := Member{Node: "n2", Transport: "mem", Addr: "10.0.0.3:7447", Started: time.Now()}
-	if err := l.Register(ctx, m, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	net.mu.Lock()
-	net.locs[m.Addr] = l
-	net.mu.Unlock()
-	if err := l.StartNotices(ctx, m, nil); err != nil {
-		t.Fatal(err)
-	}
+	joinNode(t, ctx, store, net, "n2", "10.0.0.3:7447")
 	eventuallyTrue(t, "n1 knows n2", func() bool { return locs[1].Stats().Notices.Members == 3 })
 	if _, lv, _ := locs[1].Record(ctx, path); lv == LevelCache {
 		t.Fatalf("a promise of the old home was still trusted after the home changed")

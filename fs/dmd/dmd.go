@@ -130,7 +130,8 @@ type DMD struct {
 	// or is rewriting: not shown or served, removed once a newer version
 	// is published.
 	superseded map[string]uint64
-	// notifier tells the kernel of entries that changed unseen.
+	// notifier tells the kernel of entries that changed unseen; set
+	// when the DMD is built, never changed.
 	notifier Notifier
 	// waiters lists the opens that wait, for the status.
 	waiters waiters

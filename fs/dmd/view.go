@@ -58,11 +58,8 @@ const notifyWait = 200 * time.Millisecond
 
 // changedUnseen tells the kernel that rel changed, aside.
 func (d *DMD) changedUnseen(rel string) {
-	d.mu.Lock()
-	f := d.notifier
-	d.mu.Unlock()
-	if f != nil {
-		go f.EntryChanged(rel)
+	if d.notifier != nil {
+		go d.notifier.EntryChanged(rel)
 	}
 }
 
@@ -72,9 +69,7 @@ func (d *DMD) changedUnseen(rel string) {
 // sees it. Never from a request: the kernel may hold the lock the notice
 // needs.
 func (d *DMD) toldUnseen(rel string) {
-	d.mu.Lock()
 	f := d.notifier
-	d.mu.Unlock()
 	if f == nil {
 		return
 	}
@@ -107,11 +102,8 @@ func (d *DMD) Mine(rel string) bool {
 // ListingDropped implements hfl.LocalIndex: the kernel forgets the entries
 // of dir shown from the namespace, and looks them up again (which asks).
 func (d *DMD) ListingDropped(dir string) {
-	d.mu.Lock()
-	f := d.notifier
-	d.mu.Unlock()
-	if f != nil {
-		go f.ChildrenUnpromised(dir)
+	if d.notifier != nil {
+		go d.notifier.ChildrenUnpromised(dir)
 	}
 }
 
