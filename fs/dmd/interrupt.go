@@ -2,6 +2,7 @@ package dmd
 
 import (
 	"context"
+	"errors"
 	"reflect"
 	"sync"
 )
@@ -21,6 +22,7 @@ const waitsPerWatcher = 64
 // and what to call when it closes.
 type interruptWatch struct {
 	done   <-chan struct{}
+	err    func() error // the request's Err
 	cancel context.CancelFunc
 }
 
@@ -54,7 +56,7 @@ func detach(ctx context.Context) (context.Context, context.CancelFunc) {
 	if ctx.Done() == nil {
 		return dctx, cancel
 	}
-	stop := requestInterrupts.watch(ctx.Done(), cancel)
+	stop := requestInterrupts.watch(ctx.Done(), ctx.Err, cancel)
 	return dctx, func() {
 		stop()
 		cancel()
@@ -62,8 +64,8 @@ func detach(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 // watch calls cancel when done closes, until stop is called.
-func (in *interrupts) watch(done <-chan struct{}, cancel context.CancelFunc) (stop func()) {
-	iw := &interruptWatch{done: done, cancel: cancel}
+func (in *interrupts) watch(done <-chan struct{}, err func() error, cancel context.CancelFunc) (stop func()) {
+	iw := &interruptWatch{done: done, err: err, cancel: cancel}
 	in.mu.Lock()
 	var w *interruptWatcher
 	for _, cand := range in.watchers {
@@ -129,6 +131,11 @@ func (in *interrupts) run(w *interruptWatcher) {
 		in.mu.Lock()
 		delete(w.waits, iw)
 		in.mu.Unlock()
-		iw.cancel()
+		// A request that reached its deadline is left to the detached
+		// context's own timer (the same deadline, so it fires now):
+		// the wait then ends with DeadlineExceeded, not Canceled.
+		if !errors.Is(iw.err(), context.DeadlineExceeded) {
+			iw.cancel()
+		}
 	}
 }
