@@ -46,7 +46,8 @@ type FileInfo struct {
 type Source interface {
 	// OpenPublished opens the published, complete regular file req.Path
 	// for reading, confined to the backing directory, and describes it.
-	// It fails with ErrNotFound, ErrNotPublished, ErrBusy or ErrOutside.
+	// It fails with ErrNotFound, ErrNotPublished, ErrBusy, ErrOutside or
+	// ErrUnreadable.
 	OpenPublished(ctx context.Context, req Request) (*os.File, FileInfo, error)
 	// Unchanged reports, once the file was sent, whether it is still the
 	// file described: a writer that opened it meanwhile may have changed
@@ -164,6 +165,9 @@ var (
 	// ErrRefused: a peer's message handler failed, or it has none, or its
 	// reply was longer than MaxMessage (see Messenger).
 	ErrRefused = errors.New("message refused")
+	// ErrUnreadable: the owner cannot read its file (permission denied,
+	// an I/O error of its disk). Asking again does not help.
+	ErrUnreadable = errors.New("owner cannot read the file")
 )
 
 // RemoteError is a refusal reported by the owner (for a message, by the

@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Version names one published version of a file: what a consumer fetches.
@@ -26,6 +29,9 @@ type Version struct {
 	// Inline is the file's content when the notice of its publish carried
 	// it (a small file), or nil.
 	Inline []byte
+	// Alloc is, for a sparse file, the space its data takes (less than
+	// Info.Size); 0 for a file without holes.
+	Alloc int64
 }
 
 // Peer is where a node's daemon listens, and with which transport.
@@ -117,6 +123,32 @@ type FetchStats struct {
 	// FromNotices counts copies made from the bytes a small file's
 	// notice carried, without a transfer.
 	FromNotices atomic.Uint64
+
+	mu sync.Mutex
+	// permanent counts the transfers that failed for good (ErrPermanent),
+	// by the errno their readers saw.
+	permanent map[syscall.Errno]uint64
+}
+
+func (s *FetchStats) countPermanent(errno syscall.Errno) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.permanent == nil {
+		s.permanent = make(map[syscall.Errno]uint64)
+	}
+	s.permanent[errno]++
+}
+
+// Permanent returns how many transfers failed for good, by the name of the
+// errno their readers saw ("ENOSPC", "EIO", ...).
+func (s *FetchStats) Permanent() map[string]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]uint64, len(s.permanent))
+	for e, n := range s.permanent {
+		out[unix.ErrnoName(e)] = n
+	}
+	return out
 }
 
 type fetchCall struct {
@@ -205,9 +237,11 @@ func (f *Fetcher) run(call *fetchCall, rec Version) {
 }
 
 // transfer fetches with retries until it succeeds, fails for good, has
-// failed for longer than the timeout, or ctx ends.
+// failed for longer than the timeout, or ctx ends. Retries back off
+// exponentially, with jitter, so that a dead or overloaded owner is not
+// hammered.
 func (f *Fetcher) transfer(ctx context.Context, rec Version) error {
-	pause := 20 * time.Millisecond
+	var b backoff
 	var failingSince time.Time
 	var last error
 	for attempt := 0; ; attempt++ {
@@ -219,22 +253,19 @@ func (f *Fetcher) transfer(ctx context.Context, rec Version) error {
 			return err
 		}
 		if err == nil && m.Transport != "" && m.Transport != f.cfg.TransportName {
-			return fmt.Errorf("owner %s uses the %s transport, this node %s", rec.Owner, m.Transport, f.cfg.TransportName)
+			return f.failed(rec, fmt.Errorf("owner %s uses the %s transport, this node %s", rec.Owner, m.Transport, f.cfg.TransportName))
 		}
 		if err == nil {
 			err = f.once(ctx, m.Addr, rec)
-			if err == nil {
-				return nil
-			}
-			var re *RemoteError
-			switch {
-			case errors.Is(err, errPresent):
+			switch classify(err) {
+			case done:
 				return err
-			case errors.Is(err, ErrNotFound), errors.Is(err, ErrNotPublished), errors.Is(err, ErrBusy):
+			case stale:
 				return fmt.Errorf("%w: %w", ErrStale, err)
-			case errors.As(err, &re), errors.Is(err, ErrProtocol):
-				return err // refused for good (outside, unauthorized) or broken peer
-			case errors.Is(err, net.ErrClosed) && ctx.Err() == nil && f.ctx.Err() != nil:
+			case final:
+				return f.failed(rec, err)
+			}
+			if errors.Is(err, net.ErrClosed) && ctx.Err() == nil && f.ctx.Err() != nil {
 				return err // shutting down
 			}
 		}
@@ -246,14 +277,128 @@ func (f *Fetcher) transfer(ctx context.Context, rec Version) error {
 			return fmt.Errorf("fetch %s from %s gave up after %d attempts: %w", rec.Path, rec.Owner, attempt+1, last)
 		}
 		f.stats.Retries.Add(1)
-		f.log.Info("transfer failed; retrying", "path", rec.Path, "owner", rec.Owner, "attempt", attempt+1, "err", err)
+		// The last pause ends at the timeout, for one last attempt.
+		pause := min(b.next(), time.Until(failingSince.Add(f.cfg.Timeout))+time.Millisecond)
+		f.log.Info("transfer failed; retrying", "path", rec.Path, "owner", rec.Owner, "attempt", attempt+1, "in", pause, "err", err)
+		t := time.NewTimer(pause)
 		select {
-		case <-time.After(pause):
+		case <-t.C:
 		case <-ctx.Done():
+			t.Stop()
 			return fmt.Errorf("fetch %s from %s gave up after %d attempts: %w", rec.Path, rec.Owner, attempt+1, last)
 		}
-		pause = min(2*pause, time.Second)
 	}
+}
+
+// outcome is what a failed attempt means for the next one.
+type outcome int
+
+const (
+	// retry: it may pass (the owner unreachable or restarting, a
+	// connection reset, a stall, a failure on the owner's side).
+	retry outcome = iota
+	// done: not a failure of the transfer (success, or a file got there
+	// first).
+	done
+	// stale: the owner no longer serves that version (removed, being
+	// rewritten): the caller waits for the next publish.
+	stale
+	// final: no retry can fix it (see ErrPermanent).
+	final
+)
+
+// classify says what err, from one attempt, means.
+func classify(err error) outcome {
+	var re *RemoteError
+	switch {
+	case err == nil, errors.Is(err, errPresent):
+		return done
+	case errors.Is(err, ErrNotFound), errors.Is(err, ErrNotPublished), errors.Is(err, ErrBusy):
+		return stale
+	case errors.Is(err, ErrUnavailable):
+		return retry
+	case errors.As(err, &re), errors.Is(err, ErrProtocol):
+		// Refused for good (unreadable, outside, unauthorized), or a
+		// broken peer.
+		return final
+	}
+	if _, ok := StorageErrno(err); ok {
+		return final
+	}
+	return retry
+}
+
+// ErrPermanent marks a transfer that failed for a reason no retry can fix:
+// this node's storage refused the file (full, over quota, read-only, not
+// writable), the owner cannot read it, or the owner refused or broke the
+// protocol. Every open waiting for the transfer ends at once.
+var ErrPermanent = errors.New("transfer cannot succeed")
+
+// storageErrnos are the failures of this node's storage that no retry
+// fixes, as a reader sees them.
+var storageErrnos = map[syscall.Errno]syscall.Errno{
+	syscall.ENOSPC: syscall.ENOSPC,
+	syscall.EDQUOT: syscall.EDQUOT,
+	syscall.EROFS:  syscall.EROFS,
+	syscall.EACCES: syscall.EACCES,
+	syscall.EPERM:  syscall.EACCES,
+	syscall.EFBIG:  syscall.EFBIG,
+}
+
+// StorageErrno returns the errno a reader sees when err says this node's
+// storage cannot take a file (ENOSPC, EDQUOT, EROFS, EACCES, EFBIG). The
+// transports report their own network failures as ErrUnavailable or as
+// errors of the connection, never as these.
+func StorageErrno(err error) (syscall.Errno, bool) {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) || errors.Is(err, ErrUnavailable) {
+		return 0, false
+	}
+	e, ok := storageErrnos[errno]
+	return e, ok
+}
+
+// ReaderErrno is the errno a reader sees for a transfer that failed for
+// good: the storage's own, or EIO.
+func ReaderErrno(err error) syscall.Errno {
+	if e, ok := StorageErrno(err); ok {
+		return e
+	}
+	return syscall.EIO
+}
+
+// failed marks err as permanent, counts it by the errno a reader sees and
+// says so in one log line, with what the file needs and what this node has.
+func (f *Fetcher) failed(rec Version, err error) error {
+	errno := ReaderErrno(err)
+	f.stats.countPermanent(errno)
+	free := int64(-1)
+	var st unix.Statfs_t
+	if unix.Statfs(f.cfg.TempDir, &st) == nil {
+		free = int64(st.Bavail) * st.Bsize
+	}
+	f.log.Warn("transfer cannot succeed; the opens waiting for it fail", "path", rec.Path, "owner", rec.Owner,
+		"size", rec.Info.Size, "free_bytes", free, "errno", unix.ErrnoName(errno), "err", err)
+	return fmt.Errorf("%w: %w", ErrPermanent, err)
+}
+
+// backoff spaces retries: exponential from backoffMin to backoffMax, each
+// pause drawn between half and all of its step (jitter), so that the
+// consumers of one dead owner do not retry in step.
+type backoff struct{ step time.Duration }
+
+const (
+	backoffMin = 50 * time.Millisecond
+	backoffMax = 2 * time.Second
+)
+
+func (b *backoff) next() time.Duration {
+	if b.step == 0 {
+		b.step = backoffMin
+	} else {
+		b.step = min(2*b.step, backoffMax)
+	}
+	return b.step/2 + rand.N(b.step/2+1)
 }
 
 // owner returns node's registration, from the cache unless fresh.
@@ -295,6 +440,9 @@ func (f *Fetcher) fromNotice(rec Version) error {
 	case errors.Is(err, errPresent):
 		return err
 	}
+	if _, ok := StorageErrno(err); ok {
+		return f.failed(rec, err) // a transfer would fail the same way
+	}
 	f.log.Debug("copy from a notice's bytes failed; fetching", "path", rec.Path, "err", err)
 	return fmt.Errorf("%w: %w", errNoBytes, err)
 }
@@ -327,6 +475,9 @@ func (f *Fetcher) install(rec Version, fill func(tmp *os.File) (FileInfo, error)
 			os.Remove(tmp.Name())
 		}
 	}()
+	if err := reserve(tmp, rec); err != nil {
+		return err
+	}
 	info, err := fill(tmp)
 	if err != nil {
 		return err
@@ -364,6 +515,38 @@ func (f *Fetcher) install(rec Version, fill func(tmp *os.File) (FileInfo, error)
 	return nil
 }
 
+// reserveMin is the smallest file whose space is reserved before it is
+// fetched: a smaller one that does not fit fails as soon as it is written.
+const reserveMin = 1 << 20
+
+// reserve makes sure that rec's file fits in tmp's filesystem before any
+// byte of it moves, so that a transfer cannot fail half way for space: a
+// file without holes gets its blocks allocated (fallocate, keeping the
+// size at 0 so that the transfer writes as into an empty file); for a
+// sparse file, whose holes stay holes, the free space is checked against
+// what its data takes. It fails with ENOSPC or EDQUOT.
+func reserve(tmp *os.File, rec Version) error {
+	fd := int(tmp.Fd())
+	if rec.Alloc > 0 {
+		var st unix.Statfs_t
+		if err := unix.Fstatfs(fd, &st); err == nil && int64(st.Bavail)*st.Bsize < rec.Alloc {
+			return fmt.Errorf("the %d bytes of data of %s do not fit in %d free bytes: %w", rec.Alloc, rec.Path, int64(st.Bavail)*st.Bsize, syscall.ENOSPC)
+		}
+		return nil
+	}
+	if rec.Info.Size < reserveMin {
+		return nil
+	}
+	err := unix.Fallocate(fd, unix.FALLOC_FL_KEEP_SIZE, 0, rec.Info.Size)
+	switch {
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return fmt.Errorf("reserve %d bytes for %s: %w", rec.Info.Size, rec.Path, err)
+	case err != nil:
+		return nil // the filesystem cannot reserve: the writes will tell
+	}
+	return nil
+}
+
 // verify checks that the received file is what the owner described.
 func verify(tmp *os.File, info FileInfo) error {
 	var st syscall.Stat_t
@@ -379,17 +562,19 @@ func verify(tmp *os.File, info FileInfo) error {
 // tempPool keeps a few empty temporary files ready. Creating a file costs
 // the filesystem an inode allocation, which on an ext4 without a journal
 // that freed many inodes in the last half minute can take a millisecond:
-// the pool moves that off the path of a waiting open.
+// the pool moves that off the path of a waiting open. It keeps their names,
+// not open descriptors, so that it never holds the backing filesystem open
+// for writing (an administrator can still remount it read-only).
 type tempPool struct {
 	dir    string
-	ready  chan *os.File
+	ready  chan string
 	refill chan struct{}
 	done   chan struct{}
 	wg     sync.WaitGroup
 }
 
 func newTempPool(dir string, size int) *tempPool {
-	p := &tempPool{dir: dir, ready: make(chan *os.File, size), refill: make(chan struct{}, 1), done: make(chan struct{})}
+	p := &tempPool{dir: dir, ready: make(chan string, size), refill: make(chan struct{}, 1), done: make(chan struct{})}
 	p.wg.Add(1)
 	go p.fill()
 	p.refill <- struct{}{}
@@ -399,8 +584,12 @@ func newTempPool(dir string, size int) *tempPool {
 // take returns an empty temporary file, from the pool if it has one.
 func (p *tempPool) take() (*os.File, error) {
 	select {
-	case f := <-p.ready:
-		return f, nil
+	case name := <-p.ready:
+		f, err := os.OpenFile(name, os.O_RDWR|os.O_TRUNC, 0)
+		if err != nil {
+			os.Remove(name)
+		}
+		return f, err
 	default:
 		return os.CreateTemp(p.dir, "fetch-*")
 	}
@@ -431,10 +620,10 @@ func (p *tempPool) fill() {
 			if err != nil {
 				break // a transfer will create its own, and say why
 			}
+			f.Close()
 			select {
-			case p.ready <- f:
+			case p.ready <- f.Name():
 			case <-p.done:
-				f.Close()
 				os.Remove(f.Name())
 				return
 			}
@@ -447,9 +636,8 @@ func (p *tempPool) close() error {
 	p.wg.Wait()
 	for {
 		select {
-		case f := <-p.ready:
-			f.Close()
-			os.Remove(f.Name())
+		case name := <-p.ready:
+			os.Remove(name)
 		default:
 			return nil
 		}

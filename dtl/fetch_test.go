@@ -50,6 +50,12 @@ type fixture struct {
 
 func newFixture(t *testing.T, timeout time.Duration) *fixture {
 	t.Helper()
+	return newFixtureIn(t, timeout, t.TempDir())
+}
+
+// newFixtureIn is newFixture with the consumer's backing directory dst.
+func newFixtureIn(t *testing.T, timeout time.Duration, dst string) *fixture {
+	t.Helper()
 	secret := make([]byte, 32)
 	rand.Read(secret)
 	mk := func(node string) *tcp.Transport {
@@ -67,7 +73,7 @@ func newFixture(t *testing.T, timeout time.Duration) *fixture {
 	if err := server.Serve(src); err != nil {
 		t.Fatal(err)
 	}
-	fx := &fixture{src: src, owners: &owners{members: map[string]dtl.Peer{"owner": {Addr: server.Addr()}}}, dst: t.TempDir()}
+	fx := &fixture{src: src, owners: &owners{members: map[string]dtl.Peer{"owner": {Addr: server.Addr()}}}, dst: dst}
 	tmp := filepath.Join(fx.dst, ".tmp")
 	os.Mkdir(tmp, 0o700)
 	f, err := dtl.NewFetcher(dtl.FetcherConfig{Transport: client, Owners: fx.owners, Dest: dirDest(fx.dst), TempDir: tmp, Timeout: timeout})
@@ -270,5 +276,63 @@ func TestFetchFromNoticeBytes(t *testing.T) {
 	}
 	if n := fx.fetcher.Stats().Transfers.Load(); n != 1 {
 		t.Fatalf("%d transfers, want 1", n)
+	}
+}
+
+// smallTmpfs mounts a tmpfs of size bytes for the test (as root).
+func smallTmpfs(t *testing.T, size string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
+		t.Skipf("skipping: cannot mount a tmpfs (%v): run as root", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	return dir
+}
+
+// TestFetchReservesSpace: a file that cannot fit fails with ENOSPC before
+// the owner is asked for it, for good, and leaves the space as it was; a
+// sparse file whose data fits arrives however large it is; a file that
+// fits arrives after one that did not.
+func TestFetchReservesSpace(t *testing.T) {
+	fx := newFixtureIn(t, time.Minute, smallTmpfs(t, "4m"))
+	big := bytes.Repeat([]byte("b"), 6<<20)
+	fx.src.WriteFile("big", big)
+	rec := fx.rec("big")
+	rec.Info.Size = int64(len(big))
+	err := fx.fetcher.Fetch(context.Background(), rec)
+	if !errors.Is(err, dtl.ErrPermanent) || !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("fetch of a file larger than the free space: %v, want ENOSPC for good", err)
+	}
+	if n := fx.src.Calls(); n != 0 {
+		t.Fatalf("the owner was asked %d times for a file that cannot fit", n)
+	}
+	if got := fx.fetcher.Stats().Permanent()["ENOSPC"]; got != 1 {
+		t.Fatalf("permanent failures counted: %v", fx.fetcher.Stats().Permanent())
+	}
+	fx.nothingLeft(t, "big")
+
+	// Sparse: 5 GiB with 64 KiB of data, into 4 MiB.
+	f, _ := os.Create(filepath.Join(fx.src.Root(), "sparse"))
+	f.WriteAt(bytes.Repeat([]byte("s"), 64<<10), 3<<30)
+	f.Truncate(5 << 30)
+	f.Close()
+	rec = fx.rec("sparse")
+	rec.Info.Size, rec.Alloc = 5<<30, 64<<10
+	if err := fx.fetcher.Fetch(context.Background(), rec); err != nil {
+		t.Fatalf("fetch of a sparse file whose data fits: %v", err)
+	}
+	// Its data does not fit twice.
+	rec.Path, rec.Alloc = "sparse2", 8<<20
+	if err := fx.fetcher.Fetch(context.Background(), rec); !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("fetch of a sparse file whose data cannot fit: %v, want ENOSPC", err)
+	}
+
+	// One that fits still arrives.
+	fx.src.WriteFile("fits", bytes.Repeat([]byte("f"), 2<<20))
+	rec = fx.rec("fits")
+	rec.Info.Size = 2 << 20
+	if err := fx.fetcher.Fetch(context.Background(), rec); err != nil {
+		t.Fatalf("fetch of a file that fits: %v", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"syscall"
 
+	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/fs/dmd"
 	"github.com/dyadfs/dyadfs/hfl"
 )
@@ -19,16 +20,19 @@ func (fsys *FS) errno(op, rel string, err error) syscall.Errno {
 	}
 	var errno syscall.Errno
 	switch {
+	case errors.Is(err, dmd.ErrFetch):
+		// A failed transfer is EIO, even when a timeout ended it,
+		// unless this node's storage refused the file: then the
+		// program can tell the user so (ENOSPC, EDQUOT, EROFS,
+		// EACCES), and what to free or fix.
+		fsys.log.Warn(op+" failed", "path", rel, "err", err)
+		return dtl.ReaderErrno(err)
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		// This node's backing store is full: the program can tell
 		// the user so, and what to free.
 		fsys.log.Warn(op+" failed", "path", rel, "err", err)
 		errors.As(err, &errno)
 		return errno
-	case errors.Is(err, dmd.ErrFetch):
-		// A failed transfer is EIO, even when a timeout ended it.
-		fsys.log.Warn(op+" failed", "path", rel, "err", err)
-		return syscall.EIO
 	case errors.Is(err, dmd.ErrWaitTimeout), errors.Is(err, context.DeadlineExceeded):
 		return syscall.ETIMEDOUT
 	case errors.Is(err, dmd.ErrShutdown):

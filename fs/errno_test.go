@@ -151,6 +151,22 @@ func smallTmpfs(t *testing.T) string {
 	return dir
 }
 
+// remountReadOnly makes the filesystem at dir read-only, as an
+// administrator would (retrying while a file is being created there).
+func remountReadOnly(t *testing.T, dir string) {
+	t.Helper()
+	var err error
+	for range 100 {
+		if err = syscall.Mount("", dir, "", syscall.MS_REMOUNT|syscall.MS_RDONLY, ""); !errors.Is(err, syscall.EBUSY) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // a temporary file is being made: let it be
+	}
+	if err != nil {
+		t.Fatalf("remount %s read-only: %v", dir, err)
+	}
+}
+
 // TestErrnoOfEachFault drives failures of the store, the transport and
 // the backing store up to the errno a program's open sees, through the
 // whole daemon: its FUSE layer, managed directory, locator and fetcher.
@@ -194,6 +210,19 @@ func TestErrnoOfEachFault(t *testing.T) {
 			m := mountShared(t, smallTmpfs(t), nil)
 			m.publish(t, "f", bytes.Repeat([]byte("x"), 2<<20), m.ownerAddr)
 			return m, syscall.ENOSPC
+		}},
+		{"backing store read-only", func(t *testing.T) (*sharedMount, syscall.Errno) {
+			dir := smallTmpfs(t)
+			m := mountShared(t, dir, nil)
+			m.publish(t, "f", []byte("data"), m.ownerAddr)
+			remountReadOnly(t, dir)
+			return m, syscall.EROFS
+		}},
+		{"owner cannot read it", func(t *testing.T) (*sharedMount, syscall.Errno) {
+			m := mountShared(t, "", nil)
+			m.publish(t, "f", []byte("data"), m.ownerAddr)
+			m.src.Set("f", dtltest.Unreadable)
+			return m, syscall.EIO
 		}},
 		{"store unreachable", func(t *testing.T) (*sharedMount, syscall.Errno) {
 			m := mountShared(t, "", nil)

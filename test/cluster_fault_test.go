@@ -46,7 +46,7 @@ func failsWithEIO(t *testing.T, what string, ch <-chan result) {
 // runs (A's link is slowed so that it takes a while). The consumer gets EIO
 // within faultBound and nothing partial is left on B; once A is back
 // (restore), a read returns the file.
-func faultedTransfer(t *testing.T, during bool, cut, restore func(a *node)) {
+func faultedTransfer(t *testing.T, during bool, cut, restore func(a *node)) (retries uint64) {
 	c := newCluster(t, 2)
 	a, b := c.nodes[0], c.nodes[1]
 	// Larger than a file whose bytes travel with its notices: the home
@@ -67,6 +67,12 @@ func faultedTransfer(t *testing.T, during bool, cut, restore func(a *node)) {
 	cut(a)
 	failsWithEIO(t, "consumer of an owner that became unreachable", reader)
 	noPartial(t, b, "f")
+	// Retries back off: a handful while the owner's lease runs out, not
+	// one every few milliseconds.
+	retries = transportCounter(b.status(), "retries")
+	if retries > 15 {
+		t.Fatalf("%d retries before giving up: the consumer hammered the owner", retries)
+	}
 	if during {
 		a.fullSpeed()
 	}
@@ -75,6 +81,7 @@ func faultedTransfer(t *testing.T, during bool, cut, restore func(a *node)) {
 	if got := eventuallySha(t, b, "f"); got != want {
 		t.Fatalf("after the owner returned: sha256 %s, want %s", got, want)
 	}
+	return retries
 }
 
 // waitTransferStarted waits until n has a transfer in progress.
@@ -116,7 +123,11 @@ func TestClusterOwnerKilledBeforeTransfer(t *testing.T) {
 }
 
 func TestClusterOwnerKilledDuringTransfer(t *testing.T) {
-	faultedTransfer(t, true, killDaemon, restartDaemon)
+	// The connection breaks while the owner's lease still runs: the
+	// consumer retries, and counts it.
+	if n := faultedTransfer(t, true, killDaemon, restartDaemon); n == 0 {
+		t.Fatal("no retry was counted after the owner died mid-transfer")
+	}
 }
 
 func TestClusterLinkCutBeforeTransfer(t *testing.T) {
@@ -175,4 +186,104 @@ func TestClusterEtcdDownAtWaitAndPublish(t *testing.T) {
 		t.Fatalf("reader: %v, want sha256 %s", r, want)
 	}
 	a.waitStatus("publishes landed", func(st fs.Status) bool { return st.DMD.PendingPublishes == 0 })
+}
+
+// Faults no retry can fix end the open at once, with their own errno.
+
+// timedSh runs script on n and returns its result and how long the script
+// itself took, measured inside the node (without nsenter's start-up).
+func timedSh(n *node, script string) (result, time.Duration) {
+	n.c.t.Helper()
+	r := n.sh(`s=$(date +%s%N); rc=0; (` + script + `) || rc=$?; e=$(date +%s%N); echo "took $((e - s))" >&2; exit $rc`)
+	var ns int64
+	for _, line := range strings.Split(r.stderr, "\n") {
+		if v, ok := strings.CutPrefix(line, "took "); ok {
+			fmt.Sscan(v, &ns)
+		}
+	}
+	return r, time.Duration(ns)
+}
+
+// failedForGood is how many transfers n gave up on for good with errno.
+func failedForGood(st fs.Status, errno string) uint64 {
+	tr, _ := st.Extra["transport"].(map[string]any)
+	m, _ := tr["failed_for_good"].(map[string]any)
+	v, _ := m[errno].(float64)
+	return uint64(v)
+}
+
+// TestClusterConsumerStorageFaults: a consumer whose backing directory is
+// a 20 MiB filesystem: a 64 MiB file fails to open with ENOSPC in under a
+// second and moves no byte (its space is checked before the transfer),
+// without retries; a file that fits arrives afterwards; once the
+// filesystem is read-only, a fetch fails with EROFS.
+func TestClusterConsumerStorageFaults(t *testing.T) {
+	c := newCluster(t, 1)
+	a := c.nodes[0]
+	b := c.addNodeOnTmpfs("n1", "20m")
+	a.mustSh("head -c 67108864 /dev/urandom > big && head -c 8388608 /dev/urandom > fits && head -c 1048576 /dev/urandom > later")
+	want := sha(a, "fits")
+	b.mustSh("stat big fits later > /dev/null") // the names are known here: what follows times the open alone
+	served := transportCounter(a.status(), "bytes_served")
+
+	r, took := timedSh(b, "cat big > /dev/null")
+	if r.err == nil || !strings.Contains(r.stderr, "No space left on device") {
+		t.Fatalf("cat of a file larger than the free space: %v, want ENOSPC", r)
+	}
+	if took > time.Second {
+		t.Fatalf("ENOSPC took %v, want under a second", took)
+	}
+	if moved := transportCounter(a.status(), "bytes_served") - served; moved != 0 {
+		t.Fatalf("%d bytes moved for a file that cannot fit", moved)
+	}
+	st := b.status()
+	if failedForGood(st, "ENOSPC") != 1 || transportCounter(st, "retries") != 0 {
+		t.Fatalf("status counts %v failed for good and %d retries, want one ENOSPC and none", st.Extra["transport"], transportCounter(st, "retries"))
+	}
+	if !strings.Contains(b.readLog(), "transfer cannot succeed") || !strings.Contains(b.readLog(), "free_bytes=") {
+		t.Fatalf("the log does not say why the transfer failed, with the free space")
+	}
+	noPartial(t, b, "big")
+	if got := eventuallySha(t, b, "fits"); got != want {
+		t.Fatalf("the file that fits: sha256 %s, want %s", got, want)
+	}
+
+	// Read-only: the administrator remounted the backing filesystem.
+	if out, err := b.run("mount", "-o", "remount,ro", b.backing); err != nil {
+		t.Fatalf("remount read-only: %v %s", err, out)
+	}
+	r, took = timedSh(b, "cat later > /dev/null")
+	if r.err == nil || !strings.Contains(r.stderr, "Read-only file system") || took > time.Second {
+		t.Fatalf("cat on a read-only backing directory: %v after %v, want EROFS at once", r, took)
+	}
+	if got := failedForGood(b.status(), "EROFS"); got != 1 {
+		t.Fatalf("status counts %d EROFS failures, want 1", got)
+	}
+}
+
+// TestClusterOwnerCannotRead: the owner's daemon cannot read its backing
+// file (it runs without the capability to override file permissions, and
+// the file's mode is 000): the consumer gets EIO at once, without retries.
+func TestClusterOwnerCannotRead(t *testing.T) {
+	c := newCluster(t, 0)
+	a := c.addNodeWrapped("n0", []string{"setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"})
+	b := c.addNode("n1")
+	// Larger than a file whose bytes travel with its notices.
+	a.mustSh("head -c 65536 /dev/urandom > locked && head -c 65536 /dev/urandom > open")
+	if err := os.Chmod(filepath.Join(a.backing, "locked"), 0); err != nil {
+		t.Fatal(err)
+	}
+	r, took := timedSh(b, "cat locked > /dev/null")
+	if r.err == nil || !strings.Contains(r.stderr, "Input/output error") || took > 5*time.Second {
+		t.Fatalf("cat of a file its owner cannot read: %v after %v, want EIO at once", r, took)
+	}
+	st := b.status()
+	if failedForGood(st, "EIO") != 1 || transportCounter(st, "retries") != 0 {
+		t.Fatalf("status counts %v, want one EIO failed for good and no retry", st.Extra["transport"])
+	}
+	noPartial(t, b, "locked")
+	// The owner serves what it can read.
+	if got, want := sha(b, "open"), sha(a, "open"); got != want {
+		t.Fatalf("open: sha256 %s, want %s", got, want)
+	}
 }

@@ -67,7 +67,9 @@ type node struct {
 	backing string
 	logFile string
 	flags   []string
-	pid     int
+	// wrap runs the daemon under a command (setpriv, say).
+	wrap []string
+	pid  int
 }
 
 func clusterPrerequisite(t testing.TB) {
@@ -219,12 +221,36 @@ func (c *cluster) addNode(name string, flags ...string) *node {
 	return c.addNodeAt(name, filepath.Join(c.dir, name, "backing"), flags...)
 }
 
+// addNodeOnTmpfs creates a node whose backing directory is a tmpfs of
+// size bytes (as mount's size= option says them): node-local storage that
+// fills up, or that the test can make read-only.
+func (c *cluster) addNodeOnTmpfs(name, size string, flags ...string) *node {
+	c.t.Helper()
+	backing := filepath.Join(c.dir, name, "backing")
+	os.MkdirAll(backing, 0o755)
+	c.must("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", backing)
+	// The node's mount namespace keeps its own copy of the mount.
+	c.t.Cleanup(func() { syscall.Unmount(backing, syscall.MNT_DETACH) })
+	return c.addNodeAt(name, backing, flags...)
+}
+
+// addNodeWrapped creates a node whose daemon runs under the command wrap.
+func (c *cluster) addNodeWrapped(name string, wrap []string, flags ...string) *node {
+	c.t.Helper()
+	return c.addNodeAtWith(name, filepath.Join(c.dir, name, "backing"), wrap, flags...)
+}
+
 // shmDir is where the cluster keeps what it puts on tmpfs besides etcd's
 // data; scripts/test.sh removes what a killed test leaves there.
 func (c *cluster) shmDir() string { return filepath.Join("/dev/shm", "dyadfs-test-"+c.id+"-nodes") }
 
 // addNodeAt creates a node over backing, which other nodes may share.
 func (c *cluster) addNodeAt(name, backing string, flags ...string) *node {
+	c.t.Helper()
+	return c.addNodeAtWith(name, backing, nil, flags...)
+}
+
+func (c *cluster) addNodeAtWith(name, backing string, wrap []string, flags ...string) *node {
 	c.t.Helper()
 	i := len(c.nodes)
 	n := &node{
@@ -237,6 +263,7 @@ func (c *cluster) addNodeAt(name, backing string, flags ...string) *node {
 		backing: backing,
 		logFile: filepath.Join(c.dir, name+".log"),
 		flags:   flags,
+		wrap:    wrap,
 	}
 	c.nodes = append(c.nodes, n)
 	os.MkdirAll(n.backing, 0o755)
@@ -269,7 +296,7 @@ func (n *node) mountArgs() []string {
 // start mounts dyadfs on the node; `dyadfs mount` returns once it is ready.
 func (n *node) start() {
 	n.c.t.Helper()
-	out, err := n.run(append([]string{dyadfsBin}, n.mountArgs()...)...)
+	out, err := n.run(append(append(append([]string{}, n.wrap...), dyadfsBin), n.mountArgs()...)...)
 	if err != nil {
 		n.c.t.Fatalf("%s: dyadfs mount: %v\n%s\nlog:\n%s", n.name, err, out, n.readLog())
 	}

@@ -126,6 +126,27 @@ func printStatus(out io.Writer, st *fs.Status) {
 	}
 	w.Flush()
 
+	if tr, ok := st.Extra["transport"].(map[string]any); ok {
+		fmt.Fprintln(out, "\ntransport")
+		w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+		for _, k := range sortedKeys(tr) {
+			v := tr[k]
+			if m, ok := v.(map[string]any); ok {
+				// Counters by name (errnos): "ENOSPC 2, EIO 1".
+				parts := make([]string, 0, len(m))
+				for _, mk := range sortedKeys(m) {
+					parts = append(parts, fmt.Sprintf("%s %v", mk, m[mk]))
+				}
+				v = strings.Join(parts, ", ")
+				if len(parts) == 0 {
+					v = "none"
+				}
+			}
+			row("  "+strings.ReplaceAll(k, "_", " "), v)
+		}
+		w.Flush()
+	}
+
 	fmt.Fprintln(out, "\nFUSE operations")
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "  op\tcount\terrors\tmean")

@@ -76,16 +76,21 @@ func joinJob(ctx context.Context, c *mountConfig, t dtl.Transport, d *dmd.DMD, l
 func transportStatus(t dtl.Transport, d *dmd.DMD) func() map[string]any {
 	return func() map[string]any {
 		st := d.FetchStats()
-		return map[string]any{
-			"transport": map[string]any{
-				"addr":             t.Addr(),
-				"transfers":        st.Transfers.Load(),
-				"bytes":            st.Bytes.Load(),
-				"joined_transfers": st.Joined.Load(),
-				"from_notices":     st.FromNotices.Load(),
-				"retries":          st.Retries.Load(),
-				"failed_transfers": st.Failures.Load(),
-			},
+		section := map[string]any{
+			"addr":             t.Addr(),
+			"transfers":        st.Transfers.Load(),
+			"bytes":            st.Bytes.Load(),
+			"joined_transfers": st.Joined.Load(),
+			"from_notices":     st.FromNotices.Load(),
+			"retries":          st.Retries.Load(),
+			"failed_transfers": st.Failures.Load(),
+			"failed_for_good":  st.Permanent(),
 		}
+		// What the backend served to other nodes.
+		if tr, ok := t.(*tcp.Transport); ok {
+			s := tr.Stats()
+			section["files_served"], section["bytes_served"], section["requests_refused"] = s.Served, s.BytesSent, s.Refused
+		}
+		return map[string]any{"transport": section}
 	}
 }

@@ -63,6 +63,9 @@ func Run(t *testing.T, newPair func(t *testing.T) (server, client dtl.Transport)
 		{"WrongSecret", wrongSecret},
 		{"Unreachable", unreachable},
 		{"FetchAfterClose", fetchAfterClose},
+		{"Unreadable", unreadable},
+		{"FetcherPermanent", fetcherPermanent},
+		{"FetcherBacksOff", fetcherBacksOff},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newPair) })

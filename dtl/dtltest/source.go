@@ -33,6 +33,9 @@ const (
 	// Rewritten: opened and sent, but Unchanged then says a writer
 	// changed it meanwhile (dtl.ErrBusy).
 	Rewritten
+	// Unreadable: refused with dtl.ErrUnreadable (permission denied), as
+	// a file the owner cannot open.
+	Unreadable
 )
 
 // Source is a dtl.Source backed by a directory, for tests: every regular
@@ -49,6 +52,7 @@ type Source struct {
 	states  map[string]State
 	gens    map[string]uint64
 	streams map[string]*stream
+	fails   map[string]int64
 }
 
 var _ dtl.Source = (*Source)(nil)
@@ -65,7 +69,16 @@ func NewSource(root string) *Source {
 		states:  make(map[string]State),
 		gens:    make(map[string]uint64),
 		streams: make(map[string]*stream),
+		fails:   make(map[string]int64),
 	}
+}
+
+// ReadFails makes p a file described as size bytes whose reads fail (with
+// EISDIR: it is a directory), as a file on a failing disk does.
+func (s *Source) ReadFails(p string, size int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fails[p] = size
 }
 
 // Root is the directory the Source serves.
@@ -146,7 +159,15 @@ func (s *Source) OpenPublished(ctx context.Context, req dtl.Request) (*os.File, 
 	s.mu.Lock()
 	state := s.states[p]
 	st := s.streams[p]
+	failSize, fails := s.fails[p]
 	s.mu.Unlock()
+	if fails {
+		f, err := os.Open(s.root)
+		if err != nil {
+			return nil, dtl.FileInfo{}, err
+		}
+		return f, dtl.FileInfo{Size: failSize, Mode: syscall.S_IFREG | 0o644, MtimeNs: 1, Generation: gen}, nil
+	}
 
 	switch state {
 	case NotPublished:
@@ -155,6 +176,8 @@ func (s *Source) OpenPublished(ctx context.Context, req dtl.Request) (*os.File, 
 		return nil, dtl.FileInfo{}, fmt.Errorf("%s: %w", p, dtl.ErrBusy)
 	case Outside:
 		return nil, dtl.FileInfo{}, fmt.Errorf("%s: %w", p, dtl.ErrOutside)
+	case Unreadable:
+		return nil, dtl.FileInfo{}, fmt.Errorf("%w: open %s: %w", dtl.ErrUnreadable, p, syscall.EACCES)
 	}
 	if st != nil {
 		return s.openStream(ctx, st, gen)

@@ -40,6 +40,9 @@ import (
 //	S→C header     size i64, mode u32, uid u32, gid u32, mtime ns i64, generation u64
 //	S→C chunk      offset u64, length u32, then length bytes    (repeated)
 //	S→C end        total u64: the sum of the chunk lengths
+//	or, in place of end, when the server could not read the whole file
+//	(the rest of the chunk it was in is sent as zeros first):
+//	S→C error      codeUnreadable, or codeBusy if the file shrank
 //
 // or a message (version 2 on):
 //
@@ -113,10 +116,11 @@ const (
 	codeBusy         = uint16(3)
 	codeOutside      = uint16(4)
 	codeUnauthorized = uint16(5)
-	codeVersion      = uint16(6) // the hello's version is not spoken
-	codeProtocol     = uint16(7) // the peer broke the protocol
-	codeInternal     = uint16(8) // the server failed (I/O error opening the file, ...)
-	codeRefused      = uint16(9) // a message's handler failed, or there is none (dtl.ErrRefused)
+	codeVersion      = uint16(6)  // the hello's version is not spoken
+	codeProtocol     = uint16(7)  // the peer broke the protocol
+	codeInternal     = uint16(8)  // the server failed (I/O error opening the file, ...)
+	codeRefused      = uint16(9)  // a message's handler failed, or there is none (dtl.ErrRefused)
+	codeUnreadable   = uint16(10) // the server cannot read its file (dtl.ErrUnreadable)
 )
 
 // refusals maps the codes that stand for a dtl error.
@@ -127,6 +131,7 @@ var refusals = map[uint16]error{
 	codeOutside:      dtl.ErrOutside,
 	codeUnauthorized: dtl.ErrUnauthorized,
 	codeRefused:      dtl.ErrRefused,
+	codeUnreadable:   dtl.ErrUnreadable,
 }
 
 // codeOf is the error code a Source error is reported with.

@@ -300,7 +300,16 @@ func (sc *serverConn) answer(src dtl.Source, req getReq) bool {
 	// The end frame goes out only if the file is still what was described
 	// once its data is sent (see sendFile); otherwise a refusal replaces it.
 	unchanged := func() error { return src.Unchanged(f, info) }
-	if err := sc.sendFile(f, info, regular, unchanged); err != nil {
+	err = sc.sendFile(f, info, regular, unchanged)
+	var se *sourceError
+	if errors.As(err, &se) {
+		// Told to the consumer in place of the end frame: the
+		// connection is in step.
+		t.stats.refused.Add(1)
+		t.log.Warn("could not read a file while sending it; refused", "peer", sc.remote, "node", sc.node, "path", req.Path, "size", info.Size, "err", se.err)
+		return true
+	}
+	if err != nil {
 		if !t.isClosed() {
 			t.log.Warn("transfer failed", "peer", sc.remote, "node", sc.node, "path", req.Path, "size", info.Size, "err", err)
 		}
@@ -406,7 +415,10 @@ func (sc *serverConn) checkFile(f *os.File, info dtl.FileInfo) (regular bool, er
 
 // sendFile sends header, chunks and end for f. If, once the data is out,
 // unchanged says the file changed meanwhile, a refusal (busy) replaces the
-// end frame and the consumer discards what it received.
+// end frame and the consumer discards what it received. So does one
+// (unreadable, or busy if the file shrank) when f cannot be read to its
+// end: sendFile returns a *sourceError then, and the connection stays in
+// step.
 func (sc *serverConn) sendFile(f *os.File, info dtl.FileInfo, regular bool, unchanged func() error) error {
 	sc.conn.SetWriteDeadline(time.Now().Add(sc.t.cfg.StallTimeout))
 	sc.bw.Write(appendHeader(sc.out[:0], info))
@@ -435,6 +447,17 @@ func (sc *serverConn) sendFile(f *os.File, info dtl.FileInfo, regular bool, unch
 		// Small files go whole, without looking for holes.
 		err = emit(0, info.Size)
 	}
+	var se *sourceError
+	if errors.As(err, &se) {
+		if err := sc.pad(se.pad); err != nil {
+			return err
+		}
+		sc.bw.Write(appendError(sc.out[:0], errFrame{Code: se.code(), Msg: se.err.Error()}))
+		if err := sc.bw.Flush(); err != nil {
+			return err
+		}
+		return se
+	}
 	if err != nil {
 		return err
 	}
@@ -448,33 +471,89 @@ func (sc *serverConn) sendFile(f *os.File, info dtl.FileInfo, regular bool, unch
 	return sc.bw.Flush()
 }
 
+// sourceError is a failure to read the file being sent (not to send it):
+// the server tells the consumer, after pad bytes that complete the chunk
+// under way.
+type sourceError struct {
+	err error
+	pad int64
+}
+
+func (e *sourceError) Error() string { return e.err.Error() }
+func (e *sourceError) Unwrap() error { return e.err }
+
+// code is what the consumer is told: a file that ended early changed
+// (busy: a new version will be published); one that could not be read is
+// unreadable.
+func (e *sourceError) code() uint16 {
+	if errors.Is(e.err, io.ErrUnexpectedEOF) {
+		return codeBusy
+	}
+	return codeUnreadable
+}
+
+// zeros pads chunks that a source error cut short.
+var zeros [smallChunk]byte
+
+func (sc *serverConn) pad(n int64) error {
+	for n > 0 {
+		k := min(n, int64(len(zeros)))
+		sc.conn.SetWriteDeadline(time.Now().Add(sc.t.cfg.StallTimeout))
+		if _, err := sc.bw.Write(zeros[:k]); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
+}
+
 // sendChunk sends one chunk of a regular file: small ones through the
 // buffer, with the frames around them, large ones with sendfile.
 func (sc *serverConn) sendChunk(f *os.File, off, n int64) error {
 	sc.conn.SetWriteDeadline(time.Now().Add(sc.t.cfg.StallTimeout))
-	sc.bw.Write(appendChunk(sc.out[:0], chunkHdr{Off: off, Len: n}))
 	if n <= smallChunk {
 		if sc.data == nil {
 			sc.data = make([]byte, smallChunk)
 		}
-		if _, err := f.ReadAt(sc.data[:n], off); err != nil {
-			return fmt.Errorf("read %s at %d: %w (did it shrink?)", f.Name(), off, err)
+		// Read first: a file that cannot be read is refused before
+		// its chunk begins.
+		if k, err := f.ReadAt(sc.data[:n], off); err != nil {
+			return readFailed(f, off+int64(k), err, 0)
 		}
+		sc.bw.Write(appendChunk(sc.out[:0], chunkHdr{Off: off, Len: n}))
 		_, err := sc.bw.Write(sc.data[:n])
 		return err
 	}
+	sc.bw.Write(appendChunk(sc.out[:0], chunkHdr{Off: off, Len: n}))
 	if err := sc.bw.Flush(); err != nil {
 		return err
 	}
 	if _, err := f.Seek(off, io.SeekStart); err != nil {
-		return err
+		return &sourceError{err: fmt.Errorf("%w: seek %s: %w", dtl.ErrUnreadable, f.Name(), err), pad: n}
 	}
 	// With an *os.File under the LimitedReader, ReadFrom is sendfile.
 	sent, err := sc.conn.ReadFrom(&io.LimitedReader{R: f, N: n})
-	if err == nil && sent < n {
-		err = fmt.Errorf("%s ended at %d, inside a chunk that should end at %d (did it shrink?)", f.Name(), off+sent, off+n)
+	if sent == n && err == nil {
+		return nil
 	}
-	return err
+	// Which end failed? Ask the file for the byte where it stopped.
+	var b [1]byte
+	if _, rerr := f.ReadAt(b[:], off+sent); rerr != nil || err == nil {
+		if rerr == nil {
+			rerr = io.EOF
+		}
+		return readFailed(f, off+sent, rerr, n-sent)
+	}
+	return err // the connection failed
+}
+
+// readFailed describes a failure to read f at off, with pad bytes of the
+// chunk under way still to send.
+func readFailed(f *os.File, off int64, err error, pad int64) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return &sourceError{err: fmt.Errorf("%s ended at %d, before its described size: %w", f.Name(), off, io.ErrUnexpectedEOF), pad: pad}
+	}
+	return &sourceError{err: fmt.Errorf("%w: read %s at %d: %w", dtl.ErrUnreadable, f.Name(), off, err), pad: pad}
 }
 
 // sendSequential sends one chunk of a file that cannot seek, such as a
@@ -494,12 +573,10 @@ func (sc *serverConn) sendSequential(f *os.File, off, n int64) error {
 			sc.conn.SetWriteDeadline(time.Now().Add(sc.t.cfg.StallTimeout))
 			sc.bw.Write(sc.data[:r])
 			n -= int64(r)
+			off += int64(r)
 		}
 		if err != nil && n > 0 {
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
-			return fmt.Errorf("read %s: %w", f.Name(), err)
+			return readFailed(f, off, err, n)
 		}
 	}
 	return nil

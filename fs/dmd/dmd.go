@@ -76,8 +76,9 @@ var (
 	// ErrNoTransport: the file lives on another node and no data transport
 	// is configured.
 	ErrNoTransport = errors.New("file is on another node and no data transport is configured")
-	// ErrFetch: the file could not be brought from its owner (EIO), whatever
-	// the cause (a dead owner, a cut link, a timeout).
+	// ErrFetch: the file could not be brought from its owner: EIO, or,
+	// when this node's storage refused it, that errno (see
+	// dtl.ReaderErrno).
 	ErrFetch = errors.New("transfer from the owner failed")
 )
 

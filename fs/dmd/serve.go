@@ -34,6 +34,9 @@ func (d *DMD) OpenPublished(ctx context.Context, req dtl.Request) (*os.File, dtl
 		return nil, dtl.FileInfo{}, fmt.Errorf("%s: %w", rel, dtl.ErrNotFound)
 	case errors.Is(err, unix.EXDEV), errors.Is(err, unix.ELOOP):
 		return nil, dtl.FileInfo{}, fmt.Errorf("%s leads outside the backing directory: %w", rel, dtl.ErrOutside)
+	case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM), errors.Is(err, unix.EIO):
+		// No retry makes the file readable.
+		return nil, dtl.FileInfo{}, fmt.Errorf("%w: %w", dtl.ErrUnreadable, err)
 	case err != nil:
 		return nil, dtl.FileInfo{}, fmt.Errorf("open %s: %w", rel, err)
 	}

@@ -372,7 +372,7 @@ func (d *DMD) WaitComplete(ctx context.Context, id FileID, rel string, tid uint3
 }
 
 func recordOf(rel, owner string, st *syscall.Stat_t) hfl.Record {
-	return hfl.Record{
+	rec := hfl.Record{
 		Path:    rel,
 		Owner:   owner,
 		Size:    st.Size,
@@ -381,6 +381,10 @@ func recordOf(rel, owner string, st *syscall.Stat_t) hfl.Record {
 		Gid:     st.Gid,
 		MtimeNs: st.Mtim.Nano(),
 	}
+	if alloc := st.Blocks * 512; alloc < st.Size && st.Mode&syscall.S_IFMT == syscall.S_IFREG {
+		rec.Alloc = max(alloc, 1)
+	}
+	return rec
 }
 
 // Changed reports whether the file, open as fd, differs from what it was

@@ -22,6 +22,10 @@ type Record struct {
 	MtimeNs int64  `json:"mtime_ns"`
 	// Target is a symbolic link's target.
 	Target string `json:"target,omitempty"`
+	// Alloc is, for a sparse file (one whose data takes less space than
+	// its size), the bytes its data takes, at least 1; 0 otherwise. A
+	// consumer checks that much free space before fetching it.
+	Alloc int64 `json:"alloc,omitempty"`
 	// Writing says that Owner is changing a file that was published
 	// before: its attributes are those of the last complete version, and
 	// readers wait for the next publish.
