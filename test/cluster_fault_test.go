@@ -60,11 +60,17 @@ func faultedTransfer(t *testing.T, during bool, cut, restore func(a *node)) (ret
 	if during {
 		a.slowLink("16mbit")
 	}
-	reader := b.startSh("sha256sum f")
+	var reader <-chan result
 	if during {
+		reader = b.startSh("sha256sum f")
 		waitTransferStarted(t, b)
+		cut(a)
+	} else {
+		// Cut first: a reader started before could have its 64 KiB
+		// before the cut.
+		cut(a)
+		reader = b.startSh("sha256sum f")
 	}
-	cut(a)
 	failsWithEIO(t, "consumer of an owner that became unreachable", reader)
 	noPartial(t, b, "f")
 	// Retries back off: a handful while the owner's lease runs out, not
