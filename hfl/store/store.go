@@ -57,10 +57,37 @@ type Store interface {
 	// returns what the store holds afterwards: value, or what was there.
 	PutIfAbsent(ctx context.Context, key string, value []byte) ([]byte, error)
 
+	// Health describes the store as it is now, with the number of records
+	// of namespace (the keys that start with namespace + "/").
+	Health(ctx context.Context, namespace string) (Health, error)
+	// Forget deletes every record, index entry and value of namespace
+	// (every key that starts with namespace + "/"), at most page keys in
+	// one request (page <= 0: DefaultForgetPage), and returns how many it
+	// deleted. progress, if not nil, is called after each page with the
+	// number deleted so far.
+	Forget(ctx context.Context, namespace string, page int, progress func(deleted int)) (int, error)
+
 	// Close releases the store's resources and withdraws what Register
 	// stored; pending waits end with ErrClosed.
 	Close() error
 }
+
+// Health is what a store says of itself (see Store.Health).
+type Health struct {
+	// Alarms are the store's alarms that refuse writes or signal damage
+	// (etcd's NOSPACE, CORRUPT).
+	Alarms []string `json:"alarms,omitempty"`
+	// Bytes is the size of the store's database, the largest of its
+	// members' (0 if it does not say).
+	Bytes int64 `json:"db_bytes"`
+	// Quota is the size past which the store refuses writes (0: none known).
+	Quota int64 `json:"quota_bytes,omitempty"`
+	// Records is the number of records of the namespace asked for.
+	Records int64 `json:"records"`
+}
+
+// DefaultForgetPage is how many keys one request of Forget deletes.
+const DefaultForgetPage = 1000
 
 // Slot is where a record lives in a store: under Key, DYAD's hashed key of
 // its path in the job's namespace, and as entry Name of directory Dir, the
@@ -90,3 +117,14 @@ const DefaultListLimit = 1000
 // ErrUnavailable means the metadata store did not answer in time: the
 // call may succeed later. Backends wrap it with what they tried.
 var ErrUnavailable = errors.New("metadata store unavailable")
+
+// Refusals: the store answered, and will not take the write until an
+// operator acts. Backends wrap them with their own error.
+var (
+	// ErrNoSpace: the store is full (etcd's quota, its NOSPACE alarm).
+	ErrNoSpace = errors.New("metadata store is full")
+	// ErrDenied: the store does not let this client write there.
+	ErrDenied = errors.New("metadata store denied the write")
+	// ErrTooLarge: the request is larger than the store takes.
+	ErrTooLarge = errors.New("request too large for the metadata store")
+)

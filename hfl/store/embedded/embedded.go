@@ -269,6 +269,56 @@ func (s *Store) PutIfAbsent(ctx context.Context, key string, value []byte) ([]by
 	return append([]byte(nil), value...), nil
 }
 
+// Health implements store.Store: an embedded store is always reachable,
+// never full, and keeps nothing on disk.
+func (s *Store) Health(ctx context.Context, namespace string) (store.Health, error) {
+	if s.isClosed() {
+		return store.Health{}, store.ErrClosed
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int64
+	for k := range s.records {
+		if strings.HasPrefix(k, namespace+"/") {
+			n++
+		}
+	}
+	return store.Health{Records: n}, nil
+}
+
+// Forget implements store.Store.
+func (s *Store) Forget(ctx context.Context, namespace string, page int, progress func(int)) (int, error) {
+	if s.isClosed() {
+		return 0, store.ErrClosed
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	prefix := namespace + "/"
+	n := 0
+	for k := range s.records {
+		if strings.HasPrefix(k, prefix) {
+			delete(s.records, k)
+			n++
+		}
+	}
+	for dir, d := range s.dirs {
+		if strings.HasPrefix(dir, prefix) {
+			n += len(d.keys)
+			delete(s.dirs, dir)
+		}
+	}
+	for k := range s.values {
+		if strings.HasPrefix(k, prefix) {
+			delete(s.values, k)
+			n++
+		}
+	}
+	if progress != nil {
+		progress(n)
+	}
+	return n, nil
+}
+
 // Len returns the number of records held.
 func (s *Store) Len() int {
 	s.mu.Lock()

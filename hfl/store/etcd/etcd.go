@@ -283,7 +283,31 @@ func (s *Store) fail(ctx, cctx context.Context, op, key string, err error) error
 		return fmt.Errorf("etcd: %s %q: %w: no answer from %s within %v (%w)",
 			op, key, store.ErrUnavailable, s.endpoints, s.cfg.RequestTimeout, context.DeadlineExceeded)
 	}
+	if r := refusal(err); r != nil {
+		return fmt.Errorf("etcd: %s %q at %s: %w: %w", op, key, s.endpoints, r, err)
+	}
 	return fmt.Errorf("etcd: %s %q at %s: %w", op, key, s.endpoints, err)
+}
+
+// refusal returns the store's refusal that err from etcd stands for, or
+// nil: etcd answered, and will not take the write until an operator acts.
+func refusal(err error) error {
+	var ee rpctypes.EtcdError
+	if !errors.As(err, &ee) {
+		if st, ok := status.FromError(err); ok {
+			ee, _ = rpctypes.Error(st.Err()).(rpctypes.EtcdError)
+		}
+	}
+	switch ee {
+	case rpctypes.ErrNoSpace:
+		return store.ErrNoSpace
+	case rpctypes.ErrPermissionDenied, rpctypes.ErrUserEmpty, rpctypes.ErrAuthFailed, rpctypes.ErrInvalidAuthToken,
+		rpctypes.ErrInvalidAuthMgmt, rpctypes.ErrAuthOldRevision:
+		return store.ErrDenied
+	case rpctypes.ErrRequestTooLarge, rpctypes.ErrTooManyOps:
+		return store.ErrTooLarge
+	}
+	return nil
 }
 
 func (s *Store) checkOpen() error {
@@ -560,7 +584,7 @@ func etcdTransient(err error) bool {
 	if errors.Is(err, store.ErrUnavailable) {
 		return true
 	}
-	if errors.Is(err, store.ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, store.ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || refusal(err) != nil {
 		return false
 	}
 	code := status.Code(err) // looks through wrapping
@@ -587,6 +611,87 @@ func (b *etcdBackoff) next() time.Duration {
 		b.d = min(2*b.d, 2*time.Second)
 	}
 	return b.d
+}
+
+// Health implements store.Store: the database size (the largest of the
+// endpoints'), the cluster's alarms, and the namespace's record count.
+func (s *Store) Health(ctx context.Context, namespace string) (store.Health, error) {
+	if err := s.checkOpen(); err != nil {
+		return store.Health{}, err
+	}
+	cctx, cancel := s.call(ctx)
+	defer cancel()
+	var h store.Health
+	var statusErr error
+	answered := false
+	for _, ep := range s.cfg.Endpoints {
+		st, err := s.cli.Status(cctx, ep)
+		if err != nil {
+			statusErr = err
+			continue
+		}
+		answered = true
+		h.Bytes = max(h.Bytes, st.DbSize)
+	}
+	if !answered {
+		return store.Health{}, s.fail(ctx, cctx, "status", "", statusErr)
+	}
+	alarms, err := s.cli.AlarmList(cctx)
+	if err != nil {
+		return store.Health{}, s.fail(ctx, cctx, "alarm list", "", err)
+	}
+	for _, a := range alarms.Alarms {
+		h.Alarms = append(h.Alarms, a.Alarm.String())
+	}
+	count, err := s.cli.Get(cctx, s.recordKey(namespace+"/"), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return store.Health{}, s.fail(ctx, cctx, "count", namespace, err)
+	}
+	h.Records = count.Count
+	return h, nil
+}
+
+// Forget implements store.Store: page by page, it reads the next keys of
+// the namespace in each subtree and deletes that range. Reads and deletes
+// are what etcd still takes when it is full (its NOSPACE alarm).
+func (s *Store) Forget(ctx context.Context, namespace string, page int, progress func(int)) (int, error) {
+	if err := s.checkOpen(); err != nil {
+		return 0, err
+	}
+	if page <= 0 {
+		page = store.DefaultForgetPage
+	}
+	deleted := 0
+	for _, sub := range []string{etcdRecordDir, etcdIndexDir, etcdValueDir} {
+		prefix := s.cfg.Prefix + sub + namespace + "/"
+		for {
+			cctx, cancel := s.call(ctx)
+			keys, err := s.cli.Get(cctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+				clientv3.WithLimit(int64(page)), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+			if err != nil {
+				err = s.fail(ctx, cctx, "forget", namespace, err)
+				cancel()
+				return deleted, err
+			}
+			if len(keys.Kvs) == 0 {
+				cancel()
+				break
+			}
+			first, last := string(keys.Kvs[0].Key), string(keys.Kvs[len(keys.Kvs)-1].Key)
+			del, err := s.cli.Delete(cctx, first, clientv3.WithRange(last+"\x00"))
+			if err != nil {
+				err = s.fail(ctx, cctx, "forget", namespace, err)
+				cancel()
+				return deleted, err
+			}
+			cancel()
+			deleted += int(del.Deleted)
+			if progress != nil {
+				progress(deleted)
+			}
+		}
+	}
+	return deleted, nil
 }
 
 // Remove implements store.Store: it reads the record and deletes it and its

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"slices"
 	"testing"
 	"time"
 
@@ -801,5 +802,42 @@ func TestEtcdSameNodeIDAtOnce(t *testing.T) {
 		if m, err := a.Member(ctx, node); err != nil || m.Addr != fmt.Sprintf("addr-%d:1", won) {
 			t.Fatalf("round %d: member = %+v, %v; want the winner's", round, m, err)
 		}
+	}
+}
+
+// TestEtcdFullRefusesWrites: an etcd over its quota refuses a publish with
+// store.ErrNoSpace (at once, not as unreachable), says so in Health, and
+// still lets Forget delete a namespace; once an operator compacted,
+// defragmented and disarmed it, publishes land again.
+func TestEtcdFullRefusesWrites(t *testing.T) {
+	srv := etcdtest.StartWith(t, "--quota-backend-bytes", "8388608")
+	ctx := testCtx(t)
+	s := openEtcd(t, srv.Endpoints(), etcd.DefaultPrefix, nil)
+	if _, err := s.Publish(ctx, eslot("job/a"), record("a", "n1")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := etcdtest.Fill(ctx, srv.Endpoints(), etcd.DefaultPrefix+"val/junk/"); err != nil || n == 0 {
+		t.Fatalf("fill: %d values, %v", n, err)
+	}
+	start := time.Now()
+	_, err := s.Publish(ctx, eslot("job/b"), record("b", "n1"))
+	if !errors.Is(err, store.ErrNoSpace) || errors.Is(err, store.ErrUnavailable) || time.Since(start) > time.Second {
+		t.Fatalf("publish into a full etcd: %v after %v; want store.ErrNoSpace at once", err, time.Since(start))
+	}
+	h, err := s.Health(ctx, "job")
+	if err != nil || !slices.Contains(h.Alarms, "NOSPACE") || h.Bytes < 4<<20 || h.Records != 1 {
+		t.Fatalf("Health of a full etcd: %+v, %v; want the NOSPACE alarm, its size and 1 record", h, err)
+	}
+	if n, err := s.Forget(ctx, "junk", 0, nil); err != nil || n == 0 {
+		t.Fatalf("Forget in a full etcd: %d keys, %v", n, err)
+	}
+	if err := etcdtest.Reclaim(ctx, srv.Endpoints()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Publish(ctx, eslot("job/b"), record("b", "n1")); err != nil {
+		t.Fatalf("publish once etcd was reclaimed: %v", err)
+	}
+	if h, err := s.Health(ctx, "job"); err != nil || len(h.Alarms) != 0 || h.Records != 2 {
+		t.Fatalf("Health once reclaimed: %+v, %v", h, err)
 	}
 }

@@ -50,6 +50,8 @@ func Run(t *testing.T, newStore Factory) {
 		{"ListDirPages", listDirPages},
 		{"ListDirFollowsRemove", listDirFollowsRemove},
 		{"RecordFields", recordFields},
+		{"HealthCountsRecords", healthCountsRecords},
+		{"ForgetNamespace", forgetNamespace},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -612,5 +614,75 @@ func recordFields(t *testing.T, s store.Store) {
 	got, err := s.ListDir(ctx, "kvtest/f", "", 0)
 	if err != nil || len(got) != 3 || !got[0].IsDir() || !got[2].IsSymlink() || !got[1].IsRegular() || !got[1].Writing {
 		t.Fatalf("ListDir = %+v, %v; want dir, file (writing), link", got, err)
+	}
+}
+
+// healthCountsRecords: Health counts the records of the namespace asked
+// for, and of no other.
+func healthCountsRecords(t *testing.T, s store.Store) {
+	ctx := ctxFor(t)
+	for i := range 3 {
+		if _, err := s.Publish(ctx, store.Slot{Key: fmt.Sprintf("kvh/k%d", i), Dir: "kvh/", Name: fmt.Sprint(i)}, rec(fmt.Sprint(i), "a", 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Publish(ctx, store.Slot{Key: "kvhx/k", Dir: "kvhx/", Name: "x"}, rec("x", "a", 1)); err != nil {
+		t.Fatal(err)
+	}
+	h, err := s.Health(ctx, "kvh")
+	if err != nil || h.Records != 3 {
+		t.Fatalf("Health: %+v, %v; want 3 records", h, err)
+	}
+	if h.Bytes < 0 || len(h.Alarms) != 0 {
+		t.Fatalf("Health of a store that takes writes: %+v", h)
+	}
+}
+
+// forgetNamespace: Forget deletes every record, index entry and value of
+// one namespace, page by page, telling its progress, and nothing of any
+// other namespace (not even one whose name extends it).
+func forgetNamespace(t *testing.T, s store.Store) {
+	ctx := ctxFor(t)
+	fill := func(ns string, n int) {
+		t.Helper()
+		for i := range n {
+			slot := store.Slot{Key: fmt.Sprintf("%s/k/%d", ns, i), Dir: ns + "/d", Name: fmt.Sprint(i)}
+			if _, err := s.Publish(ctx, slot, rec("d/"+fmt.Sprint(i), "a", int64(i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := s.PutIfAbsent(ctx, ns+"/secret", []byte("s")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill("kvf", 25)
+	fill("kvf2", 3)
+	var pages []int
+	n, err := s.Forget(ctx, "kvf", 10, func(done int) { pages = append(pages, done) })
+	// 25 records, 25 index entries, 1 value.
+	if err != nil || n != 51 {
+		t.Fatalf("Forget: %d keys, %v; want 51", n, err)
+	}
+	if len(pages) == 0 || pages[len(pages)-1] != n {
+		t.Fatalf("progress %v does not end at %d", pages, n)
+	}
+	if _, err := s.Lookup(ctx, "kvf/k/3"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a forgotten record: %v", err)
+	}
+	if recs, err := s.ListDir(ctx, "kvf/d", "", 0); err != nil || len(recs) != 0 {
+		t.Fatalf("a forgotten directory lists %d entries, %v", len(recs), err)
+	}
+	if _, err := s.Get(ctx, "kvf/secret"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a forgotten value: %v", err)
+	}
+	// The other namespace is whole.
+	if _, err := s.Lookup(ctx, "kvf2/k/2"); err != nil {
+		t.Fatalf("a record of another namespace: %v", err)
+	}
+	if recs, err := s.ListDir(ctx, "kvf2/d", "", 0); err != nil || len(recs) != 3 {
+		t.Fatalf("another namespace's directory lists %d entries, %v", len(recs), err)
+	}
+	if v, err := s.Get(ctx, "kvf2/secret"); err != nil || string(v) != "s" {
+		t.Fatalf("another namespace's value: %q, %v", v, err)
 	}
 }

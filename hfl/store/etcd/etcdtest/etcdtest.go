@@ -10,6 +10,7 @@ package etcdtest
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +25,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // Binary is the etcd server the tests run.
@@ -40,6 +45,7 @@ type Server struct {
 	dir        string // holds data/ and etcd.log
 	clientPort int
 	peerPort   int
+	args       []string // more flags for etcd
 
 	mu     sync.Mutex
 	proc   *os.Process
@@ -50,6 +56,12 @@ type Server struct {
 // test if etcd is not installed, and fails it if etcd does not start.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return StartWith(t)
+}
+
+// StartWith is Start with more flags for etcd (--quota-backend-bytes, say).
+func StartWith(t testing.TB, args ...string) *Server {
+	t.Helper()
 	if _, err := os.Stat(Binary); err != nil {
 		t.Skipf("etcd-server is not installed (%s missing): run scripts/setup.sh", Binary)
 	}
@@ -57,7 +69,7 @@ func Start(t testing.TB) *Server {
 	if err != nil {
 		t.Fatalf("etcdtest: %v", err)
 	}
-	s := &Server{dir: dir}
+	s := &Server{dir: dir, args: args}
 	// Cleanups run last-registered first: kill, then remove the data.
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	t.Cleanup(func() {
@@ -224,6 +236,7 @@ func (s *Server) start() error {
 		"--logger", "zap",
 		"--log-outputs", "stderr",
 	)
+	cmd.Args = append(cmd.Args, s.args...)
 	cmd.Env = serverEnv()
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -327,4 +340,60 @@ func spawn(cmd *exec.Cmd) error {
 	errc := make(chan error, 1)
 	spawnReqs <- spawnReq{cmd, errc}
 	return <-errc
+}
+
+// client connects to endpoints (host:port, comma-separated).
+func client(endpoints string) (*clientv3.Client, error) {
+	return clientv3.New(clientv3.Config{Endpoints: strings.Split(endpoints, ","), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+}
+
+// Fill writes 1 MiB values under key prefix until etcd refuses them for
+// lack of space (its quota, --quota-backend-bytes), and returns how many
+// it wrote.
+func Fill(ctx context.Context, endpoints, prefix string) (int, error) {
+	c, err := client(endpoints)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	v := strings.Repeat("x", 1<<20)
+	for i := 0; ; i++ {
+		_, err := c.Put(ctx, fmt.Sprintf("%s%06d", prefix, i), v)
+		if errors.Is(err, rpctypes.ErrNoSpace) {
+			return i, nil
+		}
+		if err != nil {
+			return i, fmt.Errorf("fill etcd: %w", err)
+		}
+		if i > 10000 {
+			return i, errors.New("fill etcd: the server takes everything (no quota?)")
+		}
+	}
+}
+
+// Reclaim does what an operator does once keys were deleted from a full
+// etcd: compact its history, defragment every member and disarm its
+// NOSPACE alarm.
+func Reclaim(ctx context.Context, endpoints string) error {
+	c, err := client(endpoints)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	resp, err := c.Get(ctx, "/")
+	if err != nil {
+		return err
+	}
+	if _, err := c.Compact(ctx, resp.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+		return fmt.Errorf("compact: %w", err)
+	}
+	for _, ep := range c.Endpoints() {
+		if _, err := c.Defragment(ctx, ep); err != nil {
+			return fmt.Errorf("defragment %s: %w", ep, err)
+		}
+	}
+	if _, err := c.AlarmDisarm(ctx, &clientv3.AlarmMember{}); err != nil {
+		return fmt.Errorf("disarm: %w", err)
+	}
+	return nil
 }
