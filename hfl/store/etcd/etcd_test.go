@@ -9,11 +9,11 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"slices"
 	"testing"
 	"time"
 
