@@ -62,10 +62,13 @@ type Status struct {
 	Intent map[string]uint64 `json:"lookup_intent"`
 	DMD    dmd.Stats         `json:"dmd"`
 	// Waiters lists the opens that wait now, longest first.
-	Waiters []dmd.Waiter      `json:"waiting_opens"`
-	Locator hfl.LocatorStats  `json:"locator"`
-	Ops     map[string]OpStat `json:"ops"`
-	Errnos  map[string]uint64 `json:"errors_by_errno"`
+	Waiters []dmd.Waiter `json:"waiting_opens"`
+	// Unpublished lists the files whose publish (or removal) has not
+	// landed in the store, oldest first, with the reason.
+	Unpublished []dmd.Pending     `json:"unpublished,omitempty"`
+	Locator     hfl.LocatorStats  `json:"locator"`
+	Ops         map[string]OpStat `json:"ops"`
+	Errnos      map[string]uint64 `json:"errors_by_errno"`
 	// Extra holds sections added by the daemon (the transport's counters).
 	Extra map[string]any `json:"extra,omitempty"`
 }
@@ -101,12 +104,13 @@ func (fsys *FS) Status() Status {
 			// Times /proc said the caller was still running.
 			"proc_retries": caller.Retries.Load(),
 		},
-		DMD:     fsys.dmd.Stats(),
-		Waiters: fsys.dmd.Waiters(),
-		Locator: fsys.dmd.Locator().Stats(),
-		Ops:     ops,
-		Errnos:  errnos,
-		Extra:   extra,
+		DMD:         fsys.dmd.Stats(),
+		Waiters:     fsys.dmd.Waiters(),
+		Unpublished: fsys.dmd.PendingList(),
+		Locator:     fsys.dmd.Locator().Stats(),
+		Ops:         ops,
+		Errnos:      errnos,
+		Extra:       extra,
 	}
 }
 

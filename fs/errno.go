@@ -20,6 +20,17 @@ func (fsys *FS) errno(op, rel string, err error) syscall.Errno {
 	}
 	var errno syscall.Errno
 	switch {
+	case errors.Is(err, dmd.ErrPublish):
+		// The writer's close: the store refused the file or did not
+		// answer. It stays here, and its publish is retried.
+		fsys.log.Warn(op+": not published", "path", rel, "err", err)
+		switch {
+		case errors.Is(err, hfl.ErrNoSpace):
+			return syscall.ENOSPC
+		case errors.Is(err, hfl.ErrDenied):
+			return syscall.EACCES
+		}
+		return syscall.EIO
 	case errors.Is(err, dmd.ErrFetch):
 		// A failed transfer is EIO, even when a timeout ended it,
 		// unless this node's storage refused the file: then the

@@ -90,7 +90,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	h := fsys.newWriteHandle(fh, w, n.rel)
 	if published {
 		h.claim(prev)
-	} else {
+	} else if !d.CloseWaits() {
 		fuseFlags |= fuse.FOPEN_NOFLUSH
 	}
 	return h, fuseFlags, 0
@@ -110,7 +110,8 @@ func (n *node) backingID() (id dmd.FileID, regular, here bool) {
 
 // Create implements gofs.NodeCreater: the new file is registered as being
 // written before any reader can look it up. The name was published
-// nowhere (its lookup said so), so its close needs to tell nobody.
+// nowhere (its lookup said so), so its close needs to tell nobody, unless
+// the close reports the publish (see writeHandle.Flush).
 func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
 	if n.reserved(name) {
 		return nil, nil, 0, syscall.EEXIST
@@ -125,7 +126,10 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	n.fsys.cached(out)
 	child := ch.Operations().(*node)
 	w := n.fsys.dmd.BeginWrite(child.id, callerTid(ctx), rel, true)
-	return ch, n.fsys.newWriteHandle(fh, w, child.rel), fuseFlags | fuse.FOPEN_NOFLUSH, 0
+	if !n.fsys.dmd.CloseWaits() {
+		fuseFlags |= fuse.FOPEN_NOFLUSH
+	}
+	return ch, n.fsys.newWriteHandle(fh, w, child.rel), fuseFlags, 0
 }
 
 // Tmpfile implements gofs.NodeTmpfiler. O_TMPFILE files could not be linked
@@ -138,8 +142,9 @@ func (n *node) Tmpfile(ctx context.Context, flags, mode uint32, out *fuse.EntryO
 // Flush implements gofs.NodeFlusher. Writes reach the backing file
 // synchronously (or directly, with passthrough), so a close has nothing to
 // write; the kernel sends FLUSH only for the write handles of published
-// files (the others are opened with FOPEN_NOFLUSH), whose close tells the
-// job of the rewrite.
+// files, whose close tells the job of the rewrite, and, when a writer's
+// close reports its publish (dmd.Config.CloseWait), for every write handle
+// (the others are opened with FOPEN_NOFLUSH).
 func (n *node) Flush(ctx context.Context, f gofs.FileHandle) syscall.Errno {
 	if h, ok := f.(*writeHandle); ok {
 		return h.Flush(ctx)
@@ -186,18 +191,27 @@ func (h *writeHandle) claim(prev hfl.Record) {
 // rewrites it: every copy elsewhere is dropped, and an open that starts
 // afterwards anywhere reads the new version (close-to-open). The publish
 // of the new version follows at the last writer's release.
+//
+// When a writer's close reports its publish, the close that is the
+// writer's last publishes the file and returns the store's verdict (see
+// dmd.Writer.Close): a program's close() fails with ENOSPC when the store
+// is full, EACCES when it denies the write, EIO when it does not answer.
 func (h *writeHandle) Flush(ctx context.Context) syscall.Errno {
-	if !h.claims || h.claimed.Load() || !h.w.Changed(h.fd) {
+	rel := h.rel()
+	if h.claims && !h.claimed.Load() && h.w.Changed(h.fd) {
+		h.claimed.Store(true)
+		if err := h.fsys.dmd.Claim(ctx, rel, h.prev, callerTid(ctx)); err != nil {
+			// The new version is published at release (or at this
+			// close, which reports how that went), or retried.
+			h.fsys.log.Warn("cannot tell the job of a rewrite before close returned", "path", rel, "err", err)
+		}
+	}
+	if !h.fsys.dmd.CloseWaits() {
 		return 0
 	}
-	h.claimed.Store(true)
-	rel := h.rel()
-	if err := h.fsys.dmd.Claim(ctx, rel, h.prev, callerTid(ctx)); err != nil {
-		// The new version is published at release, or retried: the
-		// close itself did not fail.
-		h.fsys.log.Warn("cannot tell the job of a rewrite before close returned", "path", rel, "err", err)
-	}
-	return 0
+	full := filepath.Join(h.fsys.cfg.Mountpoint, rel)
+	held := func(pid uint32) bool { return caller.HoldsPath(pid, full) }
+	return h.fsys.errno("close", rel, h.w.Close(ctx, h.fd, rel, callerTid(ctx), held))
 }
 
 // Release implements gofs.FileReleaser. End logs what goes wrong.

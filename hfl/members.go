@@ -119,3 +119,19 @@ func (l *Locator) StoreID(ctx context.Context) (string, error) {
 	}
 	return string(id), nil
 }
+
+// LiveMembers returns the daemons of namespace registered in s now.
+func LiveMembers(ctx context.Context, s Store, namespace string) ([]Member, error) {
+	vals, err := s.List(ctx, namespace+"/nodes/")
+	if err != nil {
+		return nil, fmt.Errorf("members of namespace %s: %w", namespace, err)
+	}
+	out := make([]Member, 0, len(vals))
+	for _, v := range vals {
+		var m Member
+		if json.Unmarshal(v, &m) == nil {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}

@@ -11,6 +11,7 @@ type (
 	Store      = store.Store
 	Slot       = store.Slot
 	RemoveCond = store.RemoveCond
+	Health     = store.Health
 )
 
 // The store's errors, as the locator passes them on.
@@ -19,6 +20,9 @@ var (
 	ErrClosed      = store.ErrClosed
 	ErrConflict    = store.ErrConflict
 	ErrUnavailable = store.ErrUnavailable
+	ErrNoSpace     = store.ErrNoSpace
+	ErrDenied      = store.ErrDenied
+	ErrTooLarge    = store.ErrTooLarge
 )
 
 // DefaultListLimit is how many entries a page of a listing holds.

@@ -47,6 +47,8 @@ type cluster struct {
 	backingOnTmpfs bool
 	// Namespace is the job namespace the nodes join.
 	namespace string
+	// etcdArgs are more flags for etcd.
+	etcdArgs []string
 }
 
 const (
@@ -97,6 +99,8 @@ type clusterOptions struct {
 	// backingOnTmpfs puts the nodes' backing directories on tmpfs
 	// (/dev/shm), node-local storage without a disk.
 	backingOnTmpfs bool
+	// etcdArgs are more flags for etcd (--quota-backend-bytes, say).
+	etcdArgs []string
 }
 
 func newClusterWith(t testing.TB, o clusterOptions) *cluster {
@@ -106,7 +110,7 @@ func newClusterWith(t testing.TB, o clusterOptions) *cluster {
 	id := make([]byte, 2)
 	rand.Read(id)
 	c := &cluster{t: t, id: "dy" + hex.EncodeToString(id), dir: t.TempDir(), namespace: "job-" + hex.EncodeToString(id),
-		etcdOnDisk: o.etcdOnDisk, backingOnTmpfs: o.backingOnTmpfs}
+		etcdOnDisk: o.etcdOnDisk, backingOnTmpfs: o.backingOnTmpfs, etcdArgs: o.etcdArgs}
 	c.mnt = filepath.Join(c.dir, "dmd")
 	c.nsDir = filepath.Join(c.dir, "ns")
 	c.sw = c.id + "sw"
@@ -175,6 +179,7 @@ func (c *cluster) startEtcd() {
 		"--listen-client-urls", url+":2379", "--advertise-client-urls", url+":2379",
 		"--listen-peer-urls", url+":2380", "--initial-advertise-peer-urls", url+":2380",
 		"--initial-cluster", "e="+url+":2380", "--logger", "zap", "--log-level", "warn")
+	cmd.Args = append(cmd.Args, c.etcdArgs...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {

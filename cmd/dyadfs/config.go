@@ -52,6 +52,7 @@ var envVars = []struct{ name, help string }{
 	{"DYAD_FSYNC_WRITE", "fsync files before publishing them: --fsync-on-publish"},
 	{"DYAD_SHARED_STORAGE", "all nodes share the backing storage: --shared-storage"},
 	{"DYAD_DTL_MODE", "data transport: --dtl (DYAD's UCX, FLUX_RPC and MARGO are recognised)"},
+	{"DYAD_ASYNC_PUBLISH", "a writer's close does not wait for its publish: --publish-wait 0"},
 	{"DYADFS_STORE", "metadata store URL: --store"},
 	{"DYADFS_LOG_LEVEL", "log level: --log-level"},
 }
@@ -72,6 +73,7 @@ func defaultMountConfig() (mountConfig, error) {
 		LeaseTTL:     10 * time.Second,
 		FetchTimeout: time.Minute,
 	}
+	c.DMD.CloseWait = 30 * time.Second
 	c.Transport.Listen = ":7447"
 	if h, err := os.Hostname(); err == nil {
 		c.DMD.Node = h
@@ -90,6 +92,13 @@ func defaultMountConfig() (mountConfig, error) {
 	env("DYAD_FSYNC_WRITE", func(v string) (err error) { c.DMD.FsyncOnPublish, err = parseBool(v); return })
 	env("DYAD_SHARED_STORAGE", func(v string) (err error) { c.DMD.SharedStorage, err = parseBool(v); return })
 	env("DYAD_DTL_MODE", func(v string) error { c.DTL = v; return nil })
+	env("DYAD_ASYNC_PUBLISH", func(v string) error {
+		async, err := parseBool(v)
+		if async {
+			c.DMD.CloseWait = 0
+		}
+		return err
+	})
 	env("DYADFS_STORE", func(v string) error { c.StoreURL = v; return nil })
 	env("DYADFS_LOG_LEVEL", func(v string) error { return c.LogLevel.UnmarshalText([]byte(v)) })
 	if len(errs) > 0 {
@@ -124,6 +133,7 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 	f.IntVar(&c.Locator.KeyBins, "key-bins", c.Locator.KeyBins, "bins per level of the hashed metadata key (DYAD_KEY_BINS)")
 	f.DurationVar(&c.DMD.WaitTimeout, "wait-timeout", c.DMD.WaitTimeout, "bound on how long an open waits for a file (0: forever); on expiry open fails with ETIMEDOUT")
 	f.BoolVar(&c.FS.WaitMissing, "wait-missing", c.FS.WaitMissing, "a read-only open of a path published nowhere waits for it, unless its process says otherwise ("+caller.EnvWait+", "+caller.EnvConsumer+", "+caller.EnvProducer+"); false: ENOENT unless it says it waits")
+	f.DurationVar(&c.DMD.CloseWait, "publish-wait", c.DMD.CloseWait, "with other nodes, a writer's close publishes the file and fails if the store refuses it (ENOSPC when full, EACCES when denied) or does not answer within this time (EIO); 0: close returns at once and the publish follows (DYAD_ASYNC_PUBLISH)")
 	f.BoolVar(&c.DMD.FsyncOnPublish, "fsync-on-publish", c.DMD.FsyncOnPublish, "make file data durable before publishing it (DYAD_FSYNC_WRITE)")
 	f.BoolVar(&c.DMD.SharedStorage, "shared-storage", c.DMD.SharedStorage, "all nodes see the same backing storage: wait for records, never transfer (DYAD_SHARED_STORAGE)")
 	f.StringVar(&c.DTL, "dtl", c.DTL, "data `TRANSPORT` between nodes: tcp (DYAD_DTL_MODE)")
@@ -192,6 +202,9 @@ func (v *mountFlagValues) finish(c *mountConfig, args []string) error {
 	}
 	if c.DMD.WaitTimeout < 0 {
 		return fail(exitUsage, fmt.Sprintf("--wait-timeout %v must not be negative (0 waits forever)", c.DMD.WaitTimeout))
+	}
+	if c.DMD.CloseWait < 0 {
+		return fail(exitUsage, fmt.Sprintf("--publish-wait %v must not be negative (0: close does not wait)", c.DMD.CloseWait))
 	}
 	if c.FS.CacheTTL < 0 {
 		return fail(exitUsage, fmt.Sprintf("--cache-ttl %v must not be negative", c.FS.CacheTTL))

@@ -15,6 +15,7 @@ const (
 	exitWait        = 10 // wait: a file could not be opened, or the timeout passed
 	exitTransport   = 11 // the data transport could not listen
 	exitNodeInUse   = 12 // another running daemon of the namespace has this node id
+	exitJobRunning  = 13 // forget: daemons of the namespace are running
 )
 
 // exitError is an error with the exit code it ends the command with.

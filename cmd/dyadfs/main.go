@@ -20,6 +20,8 @@ Usage:
   dyadfs mount [flags] MOUNTPOINT   mount the managed directory (runs as a daemon)
   dyadfs status [--json] MOUNTPOINT show a mount's settings and counters
   dyadfs wait [--timeout D] PATH... wait until files are published and here
+  dyadfs forget --store URL --namespace JOB
+                                    delete what a finished job keeps in the store
   dyadfs key [--key-depth D] [--key-bins B] RELPATH...
                                     print the metadata key of each path (as DYAD computes it)
   dyadfs version                    print the version
@@ -55,6 +57,8 @@ func run(args []string, stdout io.Writer) error {
 		return runWait(rest, stdout)
 	case "key":
 		return runKey(rest, stdout)
+	case "forget":
+		return runForget(rest, stdout)
 	case "version", "--version":
 		fmt.Fprintln(stdout, versionString())
 		return nil
@@ -89,6 +93,8 @@ func runHelp(args []string, stdout io.Writer) error {
 		return runWait([]string{"--help"}, stdout)
 	case "key":
 		return runKey([]string{"--help"}, stdout)
+	case "forget":
+		return runForget([]string{"--help"}, stdout)
 	}
 	return fail(exitUsage, fmt.Sprintf("no help for %q (see dyadfs help)", args[0]))
 }

@@ -314,9 +314,20 @@ func serve(c *mountConfig, ready func(error)) (err error) {
 		"log_file":     c.LogFile,
 		"wait_timeout": durationOrZero(c.DMD.WaitTimeout),
 	}
+	mctx, stopMonitor := context.WithCancel(ctx)
+	defer stopMonitor()
+	monitor := watchStore(mctx, store, c.StoreURL, c.Locator.Namespace)
+	var transportSection func() map[string]any
 	if transport != nil {
 		c.FS.Info["transport"] = c.DTL + " " + transport.Addr()
-		c.FS.Extra = transportStatus(transport, d)
+		transportSection = transportStatus(transport, d)
+	}
+	c.FS.Extra = func() map[string]any {
+		extra := map[string]any{"store": monitor.section(d)}
+		if transportSection != nil {
+			extra["transport"] = transportSection()
+		}
+		return extra
 	}
 	fsys, err := fs.Mount(c.FS, d, kernel, log)
 	if err != nil {

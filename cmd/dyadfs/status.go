@@ -126,23 +126,17 @@ func printStatus(out io.Writer, st *fs.Status) {
 	}
 	w.Flush()
 
-	if tr, ok := st.Extra["transport"].(map[string]any); ok {
-		fmt.Fprintln(out, "\ntransport")
+	for _, name := range []string{"store", "transport"} {
+		if m, ok := st.Extra[name].(map[string]any); ok {
+			printSection(out, name, m)
+		}
+	}
+	if len(st.Unpublished) > 0 {
+		fmt.Fprintf(out, "\nunpublished files (%d listed, oldest first)\n", len(st.Unpublished))
 		w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-		for _, k := range sortedKeys(tr) {
-			v := tr[k]
-			if m, ok := v.(map[string]any); ok {
-				// Counters by name (errnos): "ENOSPC 2, EIO 1".
-				parts := make([]string, 0, len(m))
-				for _, mk := range sortedKeys(m) {
-					parts = append(parts, fmt.Sprintf("%s %v", mk, m[mk]))
-				}
-				v = strings.Join(parts, ", ")
-				if len(parts) == 0 {
-					v = "none"
-				}
-			}
-			row("  "+strings.ReplaceAll(k, "_", " "), v)
+		fmt.Fprintln(w, "  pending\top\tpath\treason")
+		for _, p := range st.Unpublished {
+			fmt.Fprintf(w, "  %.1fs\t%s\t%s\t%s\n", p.Seconds, p.Op, p.Path, p.Reason)
 		}
 		w.Flush()
 	}
@@ -163,6 +157,46 @@ func printStatus(out io.Writer, st *fs.Status) {
 		}
 		w.Flush()
 	}
+}
+
+// printSection prints a section of the status given as a map, by key;
+// counters by name (errnos) go on one line: "ENOSPC 2, EIO 1".
+func printSection(out io.Writer, title string, m map[string]any) {
+	fmt.Fprintln(out, "\n"+title)
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	for _, k := range sortedKeys(m) {
+		v := m[k]
+		switch x := v.(type) {
+		case map[string]any:
+			parts := make([]string, 0, len(x))
+			for _, mk := range sortedKeys(x) {
+				parts = append(parts, fmt.Sprintf("%s %v", mk, x[mk]))
+			}
+			v = strings.Join(parts, ", ")
+			if len(parts) == 0 {
+				v = "none"
+			}
+		case []any:
+			parts := make([]string, 0, len(x))
+			for _, e := range x {
+				parts = append(parts, fmt.Sprint(e))
+			}
+			v = strings.Join(parts, ", ")
+			if len(parts) == 0 {
+				v = "none"
+			}
+		case nil:
+			v = "none"
+		case float64:
+			if x != float64(int64(x)) {
+				v = fmt.Sprintf("%.1f", x)
+			} else {
+				v = int64(x)
+			}
+		}
+		fmt.Fprintf(w, "  %s\t%v\n", strings.ReplaceAll(k, "_", " "), v)
+	}
+	w.Flush()
 }
 
 func onOff(b bool) string {

@@ -91,6 +91,6 @@ func transportStatus(t dtl.Transport, d *dmd.DMD) func() map[string]any {
 			s := tr.Stats()
 			section["files_served"], section["bytes_served"], section["requests_refused"] = s.Served, s.BytesSent, s.Refused
 		}
-		return map[string]any{"transport": section}
+		return section
 	}
 }

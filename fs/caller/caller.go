@@ -28,6 +28,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Intent is what a LOOKUP of a missing name is for.
@@ -313,4 +315,31 @@ func status(tid uint32) (tgid uint32, groups []uint32, err error) {
 		return 0, nil, errors.New("no Tgid line in /proc/<tid>/status")
 	}
 	return tgid, groups, nil
+}
+
+// HoldsPath reports whether process pid has a descriptor open on path
+// (as /proc/<pid>/fd shows it: the path through which it was opened, as
+// the daemon sees it). A process that is exiting, or that the daemon
+// cannot see, holds nothing.
+func HoldsPath(pid uint32, path string) bool {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	f, err := os.Open(dir)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return false
+	}
+	buf := make([]byte, len(path)+1)
+	for _, n := range names {
+		// A target of exactly len(path) bytes fills all but the last
+		// byte of buf; a longer one fills it.
+		k, err := unix.Readlink(dir+"/"+n, buf)
+		if err == nil && k == len(path) && string(buf[:k]) == path {
+			return true
+		}
+	}
+	return false
 }

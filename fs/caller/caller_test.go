@@ -132,3 +132,28 @@ func TestReadCallNotOpen(t *testing.T) {
 		t.Fatalf("Classify(sleep) = %v", got)
 	}
 }
+
+// TestHoldsPath: a process holds the paths it has descriptors on, and no
+// other (not one that merely extends a held path).
+func TestHoldsPath(t *testing.T) {
+	dir := t.TempDir()
+	held := filepath.Join(dir, "held")
+	f, err := os.Create(held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := uint32(os.Getpid())
+	if !HoldsPath(pid, held) {
+		t.Fatal("this process does not hold the file it has open")
+	}
+	if HoldsPath(pid, held+"x") || HoldsPath(pid, dir+"/other") {
+		t.Fatal("this process holds a file it never opened")
+	}
+	f.Close()
+	if HoldsPath(pid, held) {
+		t.Fatal("this process still holds a file it closed")
+	}
+	if HoldsPath(1<<30, held) {
+		t.Fatal("a process that does not exist holds a file")
+	}
+}

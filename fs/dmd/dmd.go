@@ -44,6 +44,11 @@ type Config struct {
 	// SharedStorage says that every node sees the same backing storage, so
 	// a record from another node means the file is already here.
 	SharedStorage bool
+	// CloseWait makes a writer's close publish the file and report the
+	// store's verdict (see Writer.Close), waiting up to this long while
+	// the store does not answer; 0: the file is published after the close
+	// returns, and a failure is only logged and retried.
+	CloseWait time.Duration
 }
 
 // DefaultConfig returns the defaults; Backing and Node must still be set.
@@ -61,6 +66,9 @@ func (c Config) Validate() error {
 	}
 	if c.WaitTimeout < 0 {
 		return fmt.Errorf("wait timeout %v must not be negative", c.WaitTimeout)
+	}
+	if c.CloseWait < 0 {
+		return fmt.Errorf("publish wait %v must not be negative", c.CloseWait)
 	}
 	return nil
 }
@@ -80,6 +88,11 @@ var (
 	// when this node's storage refused it, that errno (see
 	// dtl.ReaderErrno).
 	ErrFetch = errors.New("transfer from the owner failed")
+	// ErrPublish: a writer's close could not publish the file: the store
+	// refused it (ENOSPC for a full store, EACCES for a denied write), or
+	// did not answer within Config.CloseWait (EIO). The file stays here
+	// and its publish is retried.
+	ErrPublish = errors.New("the file could not be published")
 )
 
 // FileID names a backing inode.
@@ -117,7 +130,7 @@ type DMD struct {
 	publishing map[string]hfl.Record
 	// retries holds paths whose publish failed; retrying says whether the
 	// retry loop runs.
-	retries  map[string]retryOp
+	retries  map[string]*pending
 	retrying bool
 	// copies holds what the copies of other nodes' files, and the
 	// shadows of their directories, in the backing directory are: they
@@ -265,6 +278,10 @@ func (d *DMD) closeFds() {
 
 // Config returns the configuration.
 func (d *DMD) Config() Config { return d.cfg }
+
+// CloseWaits reports whether a writer's close publishes the file and
+// reports the store's verdict (see Writer.Close).
+func (d *DMD) CloseWaits() bool { return d.cfg.CloseWait > 0 && !d.solo() }
 
 // Locator returns the locator.
 func (d *DMD) Locator() *hfl.Locator { return d.loc }

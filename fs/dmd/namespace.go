@@ -53,7 +53,7 @@ func (d *DMD) remove(ctx context.Context, rel string) {
 			cond = hfl.RemoveCond{MaxGeneration: known.Generation}
 		}
 		d.log.Warn("unpublish failed; will retry", "path", rel, "err", err)
-		d.retryLater(rel, retryOp{remove: true, cond: cond})
+		d.retryLater(rel, retryOp{remove: true, cond: cond}, err)
 		return
 	}
 	d.stats.unpublishes.Add(1)
@@ -68,7 +68,7 @@ func (d *DMD) withdraw(ctx context.Context, rel string) {
 	case errors.Is(err, hfl.ErrConflict):
 	case err != nil:
 		d.log.Warn("unpublish failed; will retry", "path", rel, "err", err)
-		d.retryLater(rel, retryOp{remove: true, cond: cond})
+		d.retryLater(rel, retryOp{remove: true, cond: cond}, err)
 	default:
 		d.stats.unpublishes.Add(1)
 	}

@@ -3,16 +3,18 @@ package dmd
 import (
 	"context"
 	"errors"
+	"sort"
 	"time"
 
 	"github.com/dyadfs/dyadfs/hfl"
 )
 
-// Publishes and removals that failed (the store was down) are retried in
-// the background, with a growing pause, until they succeed. A retried
-// publish makes the store agree with the file as it is then: published if
-// it is complete here and this node's own. A retried removal removes what
-// the removal would have removed, and no newer publish.
+// Publishes and removals that failed (the store was down, or refused them)
+// are retried in the background, with a growing pause, until they succeed.
+// A retried publish makes the store agree with the file as it is then:
+// published if it is complete here and this node's own; a file removed
+// meanwhile is dropped from the list. A retried removal removes what the
+// removal would have removed, and no newer publish.
 const (
 	retryFirst = 100 * time.Millisecond
 	retryMax   = 5 * time.Second
@@ -26,13 +28,42 @@ type retryOp struct {
 
 var retryPublish = retryOp{}
 
-func (d *DMD) retryLater(rel string, op retryOp) {
+// pending is a publish or removal that has not landed yet.
+type pending struct {
+	op     retryOp
+	since  time.Time // its first failure
+	reason string    // its last failure
+	// seq grows with every failure recorded: a retry that succeeds drops
+	// the entry only if no failure was recorded while it ran.
+	seq uint64
+}
+
+// Pending describes a file whose publish (or removal) has not landed, for
+// the status.
+type Pending struct {
+	Path    string  `json:"path"`
+	Op      string  `json:"op"` // "publish" or "remove"
+	Seconds float64 `json:"pending_seconds"`
+	Reason  string  `json:"reason"`
+}
+
+// retryLater records that op on rel failed with err, and makes sure the
+// retry loop runs.
+func (d *DMD) retryLater(rel string, op retryOp, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.retries == nil {
-		d.retries = make(map[string]retryOp)
+		d.retries = make(map[string]*pending)
 	}
-	d.retries[rel] = op
+	p := d.retries[rel]
+	if p == nil {
+		p = &pending{since: time.Now()}
+		d.retries[rel] = p
+	}
+	p.op, p.seq = op, p.seq+1
+	if err != nil {
+		p.reason = err.Error()
+	}
 	if !d.retrying {
 		d.retrying = true
 		go d.retryLoop()
@@ -47,36 +78,43 @@ func (d *DMD) retryLoop() {
 			return
 		case <-time.After(pause):
 		}
+		type attempt struct {
+			rel string
+			op  retryOp
+			seq uint64
+		}
 		d.mu.Lock()
-		batch := d.retries
-		d.retries = nil
+		batch := make([]attempt, 0, len(d.retries))
+		for rel, p := range d.retries {
+			batch = append(batch, attempt{rel, p.op, p.seq})
+		}
 		d.mu.Unlock()
 
-		again := make(map[string]retryOp)
-		for rel, op := range batch {
+		failed := false
+		for _, a := range batch {
 			ctx, cancel := context.WithTimeout(context.Background(), retryMax)
-			if err := d.reconcile(ctx, rel, op); err != nil {
-				again[rel] = op
-			}
+			err := d.reconcile(ctx, a.rel, a.op)
 			cancel()
+			d.mu.Lock()
+			if p := d.retries[a.rel]; p != nil && p.seq == a.seq {
+				if err == nil {
+					delete(d.retries, a.rel)
+				} else {
+					p.reason = err.Error()
+				}
+			}
+			d.mu.Unlock()
+			failed = failed || err != nil
 		}
 
 		d.mu.Lock()
-		for rel, op := range again {
-			if d.retries == nil {
-				d.retries = make(map[string]retryOp)
-			}
-			if _, newer := d.retries[rel]; !newer {
-				d.retries[rel] = op
-			}
-		}
 		if len(d.retries) == 0 {
 			d.retrying = false
 			d.mu.Unlock()
 			return
 		}
 		d.mu.Unlock()
-		if len(again) > 0 {
+		if failed {
 			pause = min(2*pause, retryMax)
 		} else {
 			pause = retryFirst
@@ -120,4 +158,28 @@ func (d *DMD) PendingPublishes() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return len(d.retries)
+}
+
+// maxPendingListed bounds the status's list of pending publishes.
+const maxPendingListed = 100
+
+// PendingList returns the oldest pending publishes and removals (at most
+// maxPendingListed), oldest first.
+func (d *DMD) PendingList() []Pending {
+	now := time.Now()
+	d.mu.Lock()
+	out := make([]Pending, 0, len(d.retries))
+	for rel, p := range d.retries {
+		op := "publish"
+		if p.op.remove {
+			op = "remove"
+		}
+		out = append(out, Pending{Path: rel, Op: op, Seconds: now.Sub(p.since).Seconds(), Reason: p.reason})
+	}
+	d.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Seconds > out[j].Seconds })
+	if len(out) > maxPendingListed {
+		out = out[:maxPendingListed]
+	}
+	return out
 }

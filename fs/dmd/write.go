@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
@@ -55,6 +56,14 @@ type Writer struct {
 	id  FileID
 	pid uint32
 	ws  *writeState
+	// closed says that a close of the handle dropped it from its state
+	// (see Close); finishedAs, if not nil, is what the file was when that
+	// close finished it.
+	closed     bool
+	finishedAs *fileStamp
+	// closing serializes Close and End: closes of copies of the
+	// descriptor in several processes can come at once.
+	closing sync.Mutex
 }
 
 // BeginCreate marks rel as being created, before the backing file exists, so
@@ -158,16 +167,90 @@ func (w *Writer) Abort() {
 // in, and publishes the file, if the writers changed it, under every name
 // that still is this file: rel and the names it was given while written
 // (renames and links during a write are common: write, then rename into
-// place).
+// place). A handle whose close finished the file already (see Close)
+// publishes it again only if it changed since.
 func (w *Writer) End(ctx context.Context, fd int, rel string) error {
+	defer w.d.stats.writeReleases.Add(1)
+	w.closing.Lock()
+	defer w.closing.Unlock()
+	if w.closed {
+		return w.again(ctx, fd, rel, false)
+	}
+	_, err := w.finish(ctx, fd, rel, false)
+	return err
+}
+
+// Close is the close of one of the handle's descriptors, by thread tid, when
+// Config.CloseWait asks for the store's verdict at close. If the closing
+// process opened the handle and holds no other descriptor of the file
+// (held tells), and no other handle on this node writes it, this close is
+// its writer's last: the file is finished now, as End would finish it, and
+// Close returns once the store took its publish, or with ErrPublish (the
+// writer's close() fails then; the publish is retried). Any other close
+// publishes nothing: the file is finished at its handle's release, as
+// without CloseWait.
+func (w *Writer) Close(ctx context.Context, fd int, rel string, tid uint32, held func(pid uint32) bool) error {
 	d := w.d
-	defer d.stats.writeReleases.Add(1)
+	if d.cfg.CloseWait <= 0 || d.solo() {
+		return nil
+	}
+	w.closing.Lock()
+	defer w.closing.Unlock()
+	if w.closed {
+		return w.again(ctx, fd, rel, true)
+	}
+	if processOf(tid) != w.pid {
+		return nil // a copy of the descriptor in another process
+	}
+	d.mu.Lock()
+	sole := w.ws.writers == 1
+	d.mu.Unlock()
+	if !sole || !w.Changed(fd) || held(w.pid) {
+		return nil
+	}
+	done, _ := d.startWait(rel, tid, "publish at close")
+	defer done()
+	st, err := w.finish(ctx, fd, rel, true)
+	w.closed = true
+	if st != nil {
+		stamp := stampOf(st)
+		w.finishedAs = &stamp
+	}
+	return err
+}
+
+// again publishes the file once more if it changed since a close finished
+// it (written through another descriptor of the handle), with the store's
+// verdict if verdict.
+func (w *Writer) again(ctx context.Context, fd int, rel string, verdict bool) error {
+	d := w.d
+	if w.finishedAs == nil {
+		return nil // another writer finishes it
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil || st.Nlink == 0 || stampOf(&st) == *w.finishedAs {
+		return nil
+	}
+	*w.finishedAs = stampOf(&st)
+	if rel == "" || !d.names(rel, w.id) {
+		return nil
+	}
+	d.loc.Changed(rel)
+	return d.publishFor(ctx, recordOf(rel, d.cfg.Node, &st), verdict)
+}
+
+// finish drops the handle and, when it was the last, finishes the file:
+// see End. With verdict, its publishes wait for the store (see Close) and
+// the first failure is returned. It returns what the file was when
+// finished, or nil if another handle still writes it.
+func (w *Writer) finish(ctx context.Context, fd int, rel string, verdict bool) (*syscall.Stat_t, error) {
+	d := w.d
 	ws := w.ws
 	d.mu.Lock()
 	w.dropLocked()
 	if ws.writers > 0 {
 		d.mu.Unlock()
-		return nil
+		return nil, nil
 	}
 	ws.ending = true
 	if rel != "" {
@@ -178,7 +261,7 @@ func (w *Writer) End(ctx context.Context, fd int, rel string) error {
 	var st syscall.Stat_t
 	if err := syscall.Fstat(fd, &st); err != nil {
 		d.keepIncomplete(ws)
-		return err
+		return nil, err
 	}
 	d.mu.Lock()
 	changed := ws.dirty || ws.incomplete || !ws.haveBefore || stampOf(&st) != ws.before
@@ -189,7 +272,7 @@ func (w *Writer) End(ctx context.Context, fd int, rel string) error {
 			d.log.Error("fsync before publish failed; file not published", "path", rel, "err", err)
 			d.stats.publishErrors.Add(1)
 			d.keepIncomplete(ws)
-			return err
+			return nil, err
 		}
 		d.stats.fsyncs.Add(1)
 	}
@@ -215,7 +298,7 @@ func (w *Writer) End(ctx context.Context, fd int, rel string) error {
 		// A new writer came in; it publishes when it is done.
 		ws.ending = false
 		d.mu.Unlock()
-		return nil
+		return nil, nil
 	}
 	if ws.marked {
 		if err := clearMarker(fd); err != nil {
@@ -248,8 +331,9 @@ func (w *Writer) End(ctx context.Context, fd int, rel string) error {
 	}
 
 	if st.Nlink == 0 {
-		return nil // unlinked while open: nothing to publish
+		return &st, nil // unlinked while open: nothing to publish
 	}
+	var first error
 	for _, name := range names {
 		if !d.names(name, w.id) {
 			continue
@@ -258,7 +342,9 @@ func (w *Writer) End(ctx context.Context, fd int, rel string) error {
 		if changed {
 			rec := recordOf(name, d.cfg.Node, &st)
 			rec.Inline = inline
-			d.publish(ctx, rec)
+			if err := d.publishFor(ctx, rec, verdict); err != nil && first == nil {
+				first = err
+			}
 			// Release is asynchronous: a rename may have taken the
 			// name while it was published, and the rename's
 			// unpublish may have come before this publish landed.
@@ -270,7 +356,7 @@ func (w *Writer) End(ctx context.Context, fd int, rel string) error {
 			}
 		}
 	}
-	return nil
+	return &st, first
 }
 
 // inlineOf reads a small file that is about to be published, so that its
@@ -417,6 +503,39 @@ func (d *DMD) publishNow(ctx context.Context, rec hfl.Record) error {
 	return d.publishWith(ctx, rec, d.loc.PublishSync)
 }
 
+// publishFor is publish, or, with verdict, publishes rec and waits for the
+// store's verdict: while the store does not answer, it tries again for up
+// to Config.CloseWait; a refusal ends it at once. A failure wraps
+// ErrPublish (and the publish is retried later).
+func (d *DMD) publishFor(ctx context.Context, rec hfl.Record, verdict bool) error {
+	if !verdict {
+		return d.publish(ctx, rec)
+	}
+	deadline := time.Now().Add(d.cfg.CloseWait)
+	pause := 50 * time.Millisecond
+	publish := func(ctx context.Context, rec hfl.Record) (hfl.Record, error) {
+		for {
+			cctx, cancel := context.WithDeadline(ctx, deadline)
+			out, err := d.loc.Publish(cctx, rec)
+			cancel()
+			if err == nil || !errors.Is(err, hfl.ErrUnavailable) || ctx.Err() != nil || time.Until(deadline) <= 0 {
+				return out, err
+			}
+			t := time.NewTimer(min(pause, time.Until(deadline)))
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+			pause = min(2*pause, time.Second)
+		}
+	}
+	if err := d.publishWith(ctx, rec, publish); err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrPublish, rec.Path, err)
+	}
+	return nil
+}
+
 func (d *DMD) publishWith(ctx context.Context, rec hfl.Record, publish func(context.Context, hfl.Record) (hfl.Record, error)) error {
 	start := time.Now()
 	d.mu.Lock()
@@ -431,7 +550,7 @@ func (d *DMD) publishWith(ctx context.Context, rec hfl.Record, publish func(cont
 	if err != nil {
 		d.stats.publishErrors.Add(1)
 		d.log.Error("publish failed; will retry", "path", rec.Path, "err", err)
-		d.retryLater(rec.Path, retryPublish)
+		d.retryLater(rec.Path, retryPublish, err)
 		return err
 	}
 	d.stats.publishes.Add(1)

@@ -1,0 +1,171 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dyadfs/dyadfs/fs"
+	"github.com/dyadfs/dyadfs/hfl/store/etcd/etcdtest"
+)
+
+// When the metadata store refuses a publish, the writer hears it: its
+// close fails, the file stays on its node (listed as unpublished, with the
+// reason) and is published once the store takes it.
+
+// writeAndClose is a python3 program that writes argv[2] into the file
+// argv[1] and closes it, and prints how the close went ("ok" or the
+// errno's name) and how long it took.
+const writeAndClose = `import errno, os, sys, time
+f = open(sys.argv[1], 'w')
+f.write(sys.argv[2])
+f.flush()
+start = time.monotonic()
+try:
+    f.close()
+    print('ok', time.monotonic() - start)
+except OSError as e:
+    print(errno.errorcode[e.errno], time.monotonic() - start)
+`
+
+// closeOf writes rel on n with python3 and returns how its close went and
+// how long the close took.
+func closeOf(t *testing.T, n *node, rel, data string) (string, time.Duration) {
+	t.Helper()
+	prog := filepath.Join(n.c.dir, "write-and-close.py")
+	if err := os.WriteFile(prog, []byte(writeAndClose), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := n.sh(fmt.Sprintf("python3 %s %s %s", prog, rel, data))
+	var what string
+	var secs float64
+	if _, err := fmt.Sscan(r.stdout, &what, &secs); err != nil {
+		t.Fatalf("%s: python3: %v", n.name, r)
+	}
+	return what, time.Duration(secs * float64(time.Second))
+}
+
+// unpublished returns n's status entry for rel among its unpublished files.
+func unpublished(st fs.Status, rel string) (reason string, ok bool) {
+	for _, p := range st.Unpublished {
+		if p.Path == rel {
+			return p.Reason, true
+		}
+	}
+	return "", false
+}
+
+func storeSection(st fs.Status) map[string]any {
+	s, _ := st.Extra["store"].(map[string]any)
+	return s
+}
+
+func init() {
+	// etcd-fill ENDPOINTS PREFIX: write into etcd until it is full.
+	helpers["etcd-fill"] = func(args []string) int {
+		ctx, cancel := context.WithTimeout(context.Background(), bound)
+		defer cancel()
+		n, err := etcdtest.Fill(ctx, args[0], args[1])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Println(n)
+		return 0
+	}
+	// etcd-reclaim ENDPOINTS: compact, defragment, disarm.
+	helpers["etcd-reclaim"] = func(args []string) int {
+		ctx, cancel := context.WithTimeout(context.Background(), bound)
+		defer cancel()
+		if err := etcdtest.Reclaim(ctx, args[0]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return 0
+	}
+}
+
+// TestClusterStoreFull: etcd reaches its quota. The close that crosses it
+// fails with ENOSPC in under a second; the file stays on its node, listed
+// as unpublished with the reason, and the status shows etcd's alarm.
+// `dyadfs forget` refuses to forget a running job, and forgets a finished
+// one (leaving this job whole); once the operator compacted, defragmented
+// and disarmed etcd, the pending file is published, a reader on another
+// node gets it, and the next close succeeds.
+func TestClusterStoreFull(t *testing.T) {
+	c := newClusterWith(t, clusterOptions{nodes: 2, etcdArgs: []string{"--quota-backend-bytes", "8388608"}})
+	a, b := c.nodes[0], c.nodes[1]
+	if what, _ := closeOf(t, a, "before.txt", "before"); what != "ok" {
+		t.Fatalf("close before etcd is full: %s", what)
+	}
+	// Another (finished) job's leftovers fill etcd.
+	if out, err := c.inNet(c.etcdNS, helperCmd("etcd-fill", etcdAddr, "/dyadfs/val/old-job/junk/")...); err != nil {
+		t.Fatalf("fill etcd: %v %s", err, out)
+	}
+	reader := b.startSh("cat late.txt")
+	what, took := closeOf(t, a, "late.txt", "late")
+	if what != "ENOSPC" || took > time.Second {
+		t.Fatalf("close into a full etcd: %s after %v, want ENOSPC in under a second", what, took)
+	}
+	st := a.status()
+	if reason, ok := unpublished(st, "late.txt"); !ok || !strings.Contains(reason, "full") {
+		t.Fatalf("the status lists %+v as unpublished, want late.txt with the reason", st.Unpublished)
+	}
+	a.waitStatus("etcd's alarm shown", func(st fs.Status) bool {
+		return fmt.Sprint(storeSection(st)["alarms"]) == "[NOSPACE]"
+	})
+	if out, err := a.run(dyadfsBin, "status", c.mnt); err != nil || !strings.Contains(out, "NOSPACE") || !strings.Contains(out, "late.txt") {
+		t.Fatalf("dyadfs status does not show the alarm and the unpublished file: %v\n%s", err, out)
+	}
+
+	// forget: not a running job; a finished one, whole, and nothing else.
+	storeURL := "etcd://" + etcdAddr
+	if out, err := a.run(dyadfsBin, "forget", "--store", storeURL, "--namespace", c.namespace); err == nil || !strings.Contains(out, "running") {
+		t.Fatalf("forget of a running job: %v %s", err, out)
+	}
+	if out, err := a.run(dyadfsBin, "forget", "--store", storeURL, "--namespace", "old-job"); err != nil || !strings.Contains(out, "forgot namespace old-job") {
+		t.Fatalf("forget of a finished job: %v %s", err, out)
+	}
+	if got := b.mustSh("cat before.txt"); got != "before" {
+		t.Fatalf("after forgetting another job, before.txt reads %q", got)
+	}
+	if out, err := c.inNet(c.etcdNS, helperCmd("etcd-reclaim", etcdAddr)...); err != nil {
+		t.Fatalf("reclaim etcd: %v %s", err, out)
+	}
+	if r := within(t, "the reader of late.txt", bound, reader); r.err != nil || r.stdout != "late" {
+		t.Fatalf("the reader of late.txt: %v", r)
+	}
+	a.waitStatus("nothing unpublished", func(st fs.Status) bool { return len(st.Unpublished) == 0 })
+	if what, _ := closeOf(t, a, "after.txt", "after"); what != "ok" {
+		t.Fatalf("close once etcd has room: %s", what)
+	}
+	if got := b.mustSh("cat after.txt"); got != "after" {
+		t.Fatalf("after.txt reads %q", got)
+	}
+}
+
+// TestClusterStoreDown: with etcd down, a close waits --publish-wait and
+// fails with EIO; the file is listed as unpublished and is published once
+// etcd is back.
+func TestClusterStoreDown(t *testing.T) {
+	c := newCluster(t, 2, "--publish-wait", "2s")
+	a, b := c.nodes[0], c.nodes[1]
+	c.stopEtcd()
+	what, took := closeOf(t, a, "down.txt", "while-down")
+	if what != "EIO" || took < 2*time.Second || took > 10*time.Second {
+		t.Fatalf("close while etcd is down: %s after %v, want EIO after the 2s bound", what, took)
+	}
+	if _, ok := unpublished(a.status(), "down.txt"); !ok {
+		t.Fatalf("down.txt is not listed as unpublished")
+	}
+	a.waitStatus("etcd unreachable", func(st fs.Status) bool { return storeSection(st)["reachable"] == false })
+	c.startEtcd()
+	a.waitStatus("down.txt published", func(st fs.Status) bool { return len(st.Unpublished) == 0 })
+	if got := b.mustSh("cat down.txt"); got != "while-down" {
+		t.Fatalf("down.txt reads %q once etcd is back", got)
+	}
+}
