@@ -1,6 +1,8 @@
 package test
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -172,16 +174,26 @@ func TestClusterEtcdRestart(t *testing.T) {
 // with its notice, reaches its waiting consumer while etcd is still down:
 // it is complete, and its home heard of it.
 func TestClusterEtcdDownAtWaitAndPublish(t *testing.T) {
-	c := newCluster(t, 2)
+	c := newCluster(t, 2, "--publish-wait", "1s")
 	a, b := c.nodes[0], c.nodes[1]
 	c.stopEtcd()
 	reader := b.startSh("sha256sum down/f")
 	small := b.startSh("cat down/small")
 	b.waitStatus("readers waiting", func(st fs.Status) bool { return st.DMD.OpensWaited >= 2 })
-	a.mustSh("mkdir down && head -c 65536 /dev/urandom > down/f && echo while-down > down/small")
+	// The writers' closes fail once --publish-wait has passed (the writer
+	// hears that the file is not published); the files stay, and are
+	// published once etcd is back.
+	a.mustSh("mkdir down")
+	big := make([]byte, 32768)
+	rand.Read(big)
+	for rel, data := range map[string]string{"down/f": hex.EncodeToString(big), "down/small": "while-down"} {
+		if what, _ := closeOf(t, a, rel, data); what != "EIO" {
+			t.Fatalf("close of %s while etcd is down: %s, want EIO", rel, what)
+		}
+	}
 	want := sha(a, "down/f")
 	a.waitStatus("publishes queued for retry", func(st fs.Status) bool { return st.DMD.PendingPublishes == 2 })
-	if r := within(t, "reader of the small file", bound, small); r.err != nil || r.stdout != "while-down\n" {
+	if r := within(t, "reader of the small file", bound, small); r.err != nil || r.stdout != "while-down" {
 		t.Fatalf("reader of the small file: %v", r)
 	}
 	if r, waiting := notYet(reader); !waiting {

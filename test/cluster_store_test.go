@@ -40,7 +40,7 @@ func closeOf(t *testing.T, n *node, rel, data string) (string, time.Duration) {
 	if err := os.WriteFile(prog, []byte(writeAndClose), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r := n.sh(fmt.Sprintf("python3 %s %s %s", prog, rel, data))
+	r := n.sh(fmt.Sprintf("python3 %s %s '%s'", prog, rel, data))
 	var what string
 	var secs float64
 	if _, err := fmt.Sscan(r.stdout, &what, &secs); err != nil {

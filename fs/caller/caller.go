@@ -319,8 +319,9 @@ func status(tid uint32) (tgid uint32, groups []uint32, err error) {
 
 // HoldsPath reports whether process pid has a descriptor open on path
 // (as /proc/<pid>/fd shows it: the path through which it was opened, as
-// the daemon sees it). A process that is exiting, or that the daemon
-// cannot see, holds nothing.
+// the daemon sees it, with " (deleted)" after it once the kernel dropped
+// the name: unlinked, or forgotten when dyadfs told it the entry changed).
+// A process that is exiting, or that the daemon cannot see, holds nothing.
 func HoldsPath(pid uint32, path string) bool {
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
 	f, err := os.Open(dir)
@@ -332,12 +333,16 @@ func HoldsPath(pid uint32, path string) bool {
 	if err != nil {
 		return false
 	}
-	buf := make([]byte, len(path)+1)
+	const gone = " (deleted)"
+	buf := make([]byte, len(path)+len(gone)+1)
 	for _, n := range names {
-		// A target of exactly len(path) bytes fills all but the last
-		// byte of buf; a longer one fills it.
+		// A longer target fills buf, which is one byte longer than any
+		// target that matches.
 		k, err := unix.Readlink(dir+"/"+n, buf)
-		if err == nil && k == len(path) && string(buf[:k]) == path {
+		if err != nil || k == len(buf) {
+			continue
+		}
+		if t := string(buf[:k]); t == path || t == path+gone {
 			return true
 		}
 	}

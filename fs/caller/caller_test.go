@@ -149,6 +149,10 @@ func TestHoldsPath(t *testing.T) {
 	if HoldsPath(pid, held+"x") || HoldsPath(pid, dir+"/other") {
 		t.Fatal("this process holds a file it never opened")
 	}
+	os.Remove(held)
+	if !HoldsPath(pid, held) {
+		t.Fatal("this process does not hold the file it has open once it is unlinked")
+	}
 	f.Close()
 	if HoldsPath(pid, held) {
 		t.Fatal("this process still holds a file it closed")

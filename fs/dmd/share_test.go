@@ -3,9 +3,11 @@ package dmd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -229,5 +231,120 @@ func TestUncleanStopDropsCopies(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "copy.dat")); !os.IsNotExist(err) {
 		t.Fatalf("the copy is still there: %v", err)
+	}
+}
+
+// refusingStore fails publishes with err while it is set.
+type refusingStore struct {
+	hfl.Store
+	err atomic.Pointer[error]
+}
+
+func (s *refusingStore) Publish(ctx context.Context, key hfl.Slot, rec hfl.Record) (hfl.Record, error) {
+	if e := s.err.Load(); e != nil {
+		return hfl.Record{}, *e
+	}
+	return s.Store.Publish(ctx, key, rec)
+}
+
+func (s *refusingStore) refuse(err error) {
+	if err == nil {
+		s.err.Store(nil)
+		return
+	}
+	s.err.Store(&err)
+}
+
+// TestCloseReportsTheStoresVerdict: with CloseWait, the writer's last
+// close publishes the file and returns what the store said: nothing, a
+// refusal at once, or, from a store that does not answer, a failure after
+// CloseWait; a failed file is listed as pending and published later. A
+// close by another process, or while the process holds another descriptor,
+// publishes nothing (the release does); a file changed after its close
+// is published again at release.
+func TestCloseReportsTheStoresVerdict(t *testing.T) {
+	dir := t.TempDir()
+	inner := embedded.New()
+	t.Cleanup(func() { inner.Close() })
+	store := &refusingStore{Store: inner}
+	cfg := DefaultConfig()
+	cfg.Backing, cfg.Node, cfg.CloseWait = dir, "n1", 300*time.Millisecond
+	d, err := New(cfg, Parts{Store: store, Locator: hfl.DefaultLocatorConfig()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	fx := &fixture{t: t, d: d, store: inner, dir: dir}
+	notHeld := func(uint32) bool { return false }
+	const tid = 1 // BeginWrite's writer in fx.create
+
+	w, f := fx.create("ok")
+	f.WriteString("x")
+	if err := w.Close(fx.ctx(), int(f.Fd()), "ok", tid, notHeld); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	rec, err := fx.record("ok")
+	if err != nil {
+		t.Fatalf("not published at close: %v", err)
+	}
+	fx.end(w, f, "ok")
+	if again, _ := fx.record("ok"); again.Generation != rec.Generation {
+		t.Fatal("an unchanged file was published again at release")
+	}
+
+	store.refuse(fmt.Errorf("etcd: %w", hfl.ErrNoSpace))
+	w, f = fx.create("full")
+	f.WriteString("x")
+	start := time.Now()
+	err = w.Close(fx.ctx(), int(f.Fd()), "full", tid, notHeld)
+	if !errors.Is(err, ErrPublish) || !errors.Is(err, hfl.ErrNoSpace) || time.Since(start) > 200*time.Millisecond {
+		t.Fatalf("Close into a full store: %v after %v; want ErrPublish for ErrNoSpace at once", err, time.Since(start))
+	}
+	if p := d.PendingList(); len(p) != 1 || p[0].Path != "full" || !strings.Contains(p[0].Reason, "full") {
+		t.Fatalf("pending: %+v", p)
+	}
+	fx.end(w, f, "full")
+
+	store.refuse(fmt.Errorf("etcd: %w", hfl.ErrUnavailable))
+	w, f = fx.create("down")
+	f.WriteString("x")
+	start = time.Now()
+	err = w.Close(fx.ctx(), int(f.Fd()), "down", tid, notHeld)
+	if took := time.Since(start); !errors.Is(err, ErrPublish) || took < cfg.CloseWait || took > 5*cfg.CloseWait {
+		t.Fatalf("Close while the store does not answer: %v after %v; want ErrPublish after %v", err, took, cfg.CloseWait)
+	}
+	fx.end(w, f, "down")
+	store.refuse(nil)
+	poll.Until(t, 20*time.Second, "pending publishes land", func() bool { return d.PendingPublishes() == 0 })
+	for _, rel := range []string{"full", "down"} {
+		if _, err := fx.record(rel); err != nil {
+			t.Fatalf("%s not published once the store took writes: %v", rel, err)
+		}
+	}
+
+	// Closes that are not the writer's last publish nothing.
+	w, f = fx.create("later")
+	f.WriteString("x")
+	if err := w.Close(fx.ctx(), int(f.Fd()), "later", uint32(os.Getpid()), notHeld); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(fx.ctx(), int(f.Fd()), "later", tid, func(uint32) bool { return true }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fx.record("later"); !errors.Is(err, hfl.ErrNotFound) {
+		t.Fatalf("published at a close that was not the last: %v", err)
+	}
+	// The last close publishes; more writes after it, at release.
+	if err := w.Close(fx.ctx(), int(f.Fd()), "later", tid, notHeld); err != nil {
+		t.Fatal(err)
+	}
+	first, err := fx.record("later")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString("more")
+	fx.end(w, f, "later")
+	if rec, err := fx.record("later"); err != nil || rec.Generation <= first.Generation || rec.Size != 5 {
+		t.Fatalf("written after its close: %+v, %v; want a newer publish of 5 bytes", rec, err)
 	}
 }

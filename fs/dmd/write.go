@@ -213,6 +213,12 @@ func (w *Writer) Close(ctx context.Context, fd int, rel string, tid uint32, held
 	st, err := w.finish(ctx, fd, rel, true)
 	w.closed = true
 	if st != nil {
+		// As it is now: finishing it cleared its marks, a change of
+		// its ctime that is not a write.
+		var now syscall.Stat_t
+		if syscall.Fstat(fd, &now) == nil {
+			st = &now
+		}
 		stamp := stampOf(st)
 		w.finishedAs = &stamp
 	}
@@ -342,7 +348,9 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, verdict bool) (
 		if changed {
 			rec := recordOf(name, d.cfg.Node, &st)
 			rec.Inline = inline
-			if err := d.publishFor(ctx, rec, verdict); err != nil && first == nil {
+			// Without a verdict, a failed publish is only retried
+			// (publish logs it): the release has no one to tell.
+			if err := d.publishFor(ctx, rec, verdict); err != nil && verdict && first == nil {
 				first = err
 			}
 			// Release is asynchronous: a rename may have taken the
