@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -250,5 +251,27 @@ func TestErrnoOfEachFault(t *testing.T) {
 				t.Fatalf("open: %v (errno %d), want errno %d (%v)", err, got, want, want)
 			}
 		})
+	}
+}
+
+// TestErrnoOfAClose: a writer's close that could not publish its file
+// fails with the errno that says why: the store is full, denies the
+// write, or did not answer.
+func TestErrnoOfAClose(t *testing.T) {
+	fsys := &FS{log: slog.New(slog.DiscardHandler)}
+	for _, c := range []struct {
+		cause error
+		want  syscall.Errno
+	}{
+		{hfl.ErrNoSpace, syscall.ENOSPC},
+		{hfl.ErrDenied, syscall.EACCES},
+		{hfl.ErrTooLarge, syscall.EIO},
+		{hfl.ErrUnavailable, syscall.EIO},
+		{context.DeadlineExceeded, syscall.EIO},
+	} {
+		err := fmt.Errorf("%w: f: publish f: etcd: %w", dmd.ErrPublish, c.cause)
+		if got := fsys.errno("close", "f", err); got != c.want {
+			t.Errorf("close that failed with %v: %v, want %v", c.cause, got, c.want)
+		}
 	}
 }

@@ -169,3 +169,63 @@ func TestClusterStoreDown(t *testing.T) {
 		t.Fatalf("down.txt reads %q once etcd is back", got)
 	}
 }
+
+func init() {
+	// etcd-count ENDPOINTS PREFIX: print how many keys etcd has under PREFIX.
+	helpers["etcd-count"] = func(args []string) int {
+		ctx, cancel := context.WithTimeout(context.Background(), bound)
+		defer cancel()
+		n, err := etcdtest.Count(ctx, args[0], args[1])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Println(n)
+		return 0
+	}
+}
+
+// etcdKeys counts the keys etcd holds under prefix.
+func (c *cluster) etcdKeys(prefix string) int {
+	c.t.Helper()
+	out, err := c.inNet(c.etcdNS, helperCmd("etcd-count", etcdAddr, prefix)...)
+	var n int
+	if _, serr := fmt.Sscan(out, &n); err != nil || serr != nil {
+		c.t.Fatalf("count etcd keys under %s: %v %s", prefix, err, out)
+	}
+	return n
+}
+
+// TestClusterStoreHoldsOnlyLiveFiles: nothing dyadfs writes to the store
+// outlives the file it describes: once a tree made, rewritten, renamed and
+// linked on two nodes is removed, the job's records and directory index
+// are empty; what is left (registrations, the job secret) goes with
+// `dyadfs forget --force`, and the status counts the records.
+func TestClusterStoreHoldsOnlyLiveFiles(t *testing.T) {
+	c := newCluster(t, 2)
+	a, b := c.nodes[0], c.nodes[1]
+	a.mustSh(`mkdir -p t/d1 t/d2 && for i in 1 2 3 4 5 6 7 8; do echo $i > t/d1/f$i; echo $i > t/d2/g$i; done
+ln -s d1/f1 t/link && ln t/d1/f2 t/d1/hard`)
+	b.mustSh(`echo more >> t/d1/f3 && mv t/d1/f4 t/d2/moved && printf new > t/d2/g1 && mkdir t/d3 && echo b > t/d3/b`)
+	recs, index := "/dyadfs/rec/"+c.namespace+"/", "/dyadfs/dir/"+c.namespace+"/"
+	// 16 files, a link and a hard link, 4 directories (t, d1, d2, d3)
+	// and b's file: 23 records, each once in its directory's index.
+	if n, m := c.etcdKeys(recs), c.etcdKeys(index); n != 23 || m != 23 {
+		t.Fatalf("the store holds %d records and %d index entries, want 23 of each", n, m)
+	}
+	a.waitStatus("the status counts the records", func(st fs.Status) bool {
+		n, _ := storeSection(st)["records"].(float64)
+		b, _ := storeSection(st)["db_bytes"].(float64)
+		return n == 23 && b > 0
+	})
+	b.mustSh("rm -r t")
+	if n, m := c.etcdKeys(recs), c.etcdKeys(index); n != 0 || m != 0 {
+		t.Fatalf("after rm -r, the store holds %d records and %d index entries, want none", n, m)
+	}
+	if out, err := a.run(dyadfsBin, "forget", "--force", "--store", "etcd://"+etcdAddr, "--namespace", c.namespace); err != nil {
+		t.Fatalf("forget --force: %v %s", err, out)
+	}
+	if n := c.etcdKeys("/dyadfs/val/" + c.namespace + "/"); n != 0 {
+		t.Fatalf("after forget, %d values of the job are left", n)
+	}
+}

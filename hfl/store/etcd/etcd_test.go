@@ -841,3 +841,26 @@ func TestEtcdFullRefusesWrites(t *testing.T) {
 		t.Fatalf("Health once reclaimed: %+v, %v", h, err)
 	}
 }
+
+// TestEtcdDeniedWrite: an etcd that requires authentication refuses a
+// client without credentials with store.ErrDenied, at once.
+func TestEtcdDeniedWrite(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx := testCtx(t)
+	s := openEtcd(t, srv.Endpoints(), etcd.DefaultPrefix, nil)
+	raw := rawClient(t, srv.Endpoints())
+	if _, err := raw.UserAdd(ctx, "root", "secret-password"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.UserGrantRole(ctx, "root", "root"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.AuthEnable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err := s.Publish(ctx, eslot("job/a"), record("a", "n1"))
+	if !errors.Is(err, store.ErrDenied) || time.Since(start) > 5*time.Second {
+		t.Fatalf("publish without credentials: %v after %v; want store.ErrDenied at once", err, time.Since(start))
+	}
+}

@@ -397,3 +397,17 @@ func Reclaim(ctx context.Context, endpoints string) error {
 	}
 	return nil
 }
+
+// Count returns how many keys etcd holds under prefix.
+func Count(ctx context.Context, endpoints, prefix string) (int64, error) {
+	c, err := client(endpoints)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	resp, err := c.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return 0, err
+	}
+	return resp.Count, nil
+}
