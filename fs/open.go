@@ -197,10 +197,16 @@ func (h *writeHandle) claim(prev hfl.Record) {
 // dmd.Writer.Close): a program's close() fails with ENOSPC when the store
 // is full, EACCES when it denies the write, EIO when it does not answer.
 func (h *writeHandle) Flush(ctx context.Context) syscall.Errno {
+	// What a close starts, it finishes: an interruption of the FLUSH (a
+	// signal to the closing thread, such as the Go runtime's preemption
+	// signal) must not leave the job half told. A killed process stops
+	// waiting; the publish goes on. Both calls are bounded on their own.
+	tid := callerTid(ctx)
+	ctx = context.WithoutCancel(ctx)
 	rel := h.rel()
 	if h.claims && !h.claimed.Load() && h.w.Changed(h.fd) {
 		h.claimed.Store(true)
-		if err := h.fsys.dmd.Claim(ctx, rel, h.prev, callerTid(ctx)); err != nil {
+		if err := h.fsys.dmd.Claim(ctx, rel, h.prev, tid); err != nil {
 			// The new version is published at release (or at this
 			// close, which reports how that went), or retried.
 			h.fsys.log.Warn("cannot tell the job of a rewrite before close returned", "path", rel, "err", err)
@@ -211,7 +217,7 @@ func (h *writeHandle) Flush(ctx context.Context) syscall.Errno {
 	}
 	full := filepath.Join(h.fsys.cfg.Mountpoint, rel)
 	held := func(pid uint32) bool { return caller.HoldsPath(pid, full) }
-	return h.fsys.errno("close", rel, h.w.Close(ctx, h.fd, rel, callerTid(ctx), held))
+	return h.fsys.errno("close", rel, h.w.Close(ctx, h.fd, rel, tid, held))
 }
 
 // Release implements gofs.FileReleaser. End logs what goes wrong.

@@ -313,7 +313,11 @@ func e2e(b testing.TB, producer, consumer *node, dir string, n int, size int64, 
 				res.closeTook[i] = parseNs(f[3]).Sub(res.closed[i])
 			}
 		}
-		prodDone <- prod.Wait()
+		err := prod.Wait()
+		if err != nil {
+			cons.Process.Kill() // it would wait for files that never come
+		}
+		prodDone <- err
 	}()
 	sc := bufio.NewScanner(consOut)
 	for sc.Scan() {
@@ -330,12 +334,13 @@ func e2e(b testing.TB, producer, consumer *node, dir string, n int, size int64, 
 			res.bytes += nb
 		}
 	}
-	if err := cons.Wait(); err != nil {
-		b.Fatalf("consumer: %v", err)
-	}
+	consErr := cons.Wait()
 	prodIn.Close()
 	if err := <-prodDone; err != nil {
 		b.Fatalf("producer: %v", err)
+	}
+	if consErr != nil {
+		b.Fatalf("consumer: %v", consErr)
 	}
 	if res.bytes != int64(n)*size {
 		b.Fatalf("consumer read %d bytes, want %d", res.bytes, int64(n)*size)
