@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -227,5 +229,45 @@ ln -s d1/f1 t/link && ln t/d1/f2 t/d1/hard`)
 	}
 	if n := c.etcdKeys("/dyadfs/val/" + c.namespace + "/"); n != 0 {
 		t.Fatalf("after forget, %d values of the job are left", n)
+	}
+}
+
+// TestClusterCloseSurvivesSignals: signals to a closing process (here
+// SIGURG, which the Go runtime sends its own threads to preempt them) do
+// not make the close that publishes fail: what a close starts, it
+// finishes.
+func TestClusterCloseSurvivesSignals(t *testing.T) {
+	c := newCluster(t, 2)
+	a := c.nodes[0]
+	a.mustSh("mkdir sig")
+	argv := a.argv(helperCmd("produce", filepath.Join(c.mnt, "sig"), "300", "4096", "pipelined")...)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	tick := time.NewTicker(500 * time.Microsecond)
+	defer tick.Stop()
+	deadline := time.After(bound)
+	// nsenter and env exec the producer: the command's process is it.
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("producer: %v: %s", err, stderr.String())
+			}
+			if got := c.nodes[1].mustSh("ls sig | wc -l"); strings.TrimSpace(got) != "300" {
+				t.Fatalf("the other node lists %s files, want 300", got)
+			}
+			return
+		case <-tick.C:
+			cmd.Process.Signal(syscall.SIGURG)
+		case <-deadline:
+			cmd.Process.Kill()
+			t.Fatal("the producer did not finish")
+		}
 	}
 }
