@@ -3,7 +3,6 @@ package fs
 import (
 	"bytes"
 	"context"
-	"os"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -23,7 +22,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	if n.reserved(name) {
 		return nil, syscall.EEXIST
 	}
-	ch, errno := n.LoopbackNode.Mkdir(ctx, name, mode, out)
+	ch, errno := n.mkdirHere(ctx, name, mode, out)
 	if errno == 0 {
 		n.fsys.cached(out)
 		rel := n.childRel(name)
@@ -39,7 +38,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 	if n.reserved(name) {
 		return nil, syscall.EEXIST
 	}
-	ch, errno := n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)
+	ch, errno := n.mknodHere(ctx, name, mode, rdev, out)
 	if errno == 0 {
 		n.fsys.cached(out)
 		if mode&syscall.S_IFMT == syscall.S_IFREG {
@@ -57,7 +56,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	if n.reserved(name) {
 		return nil, syscall.EEXIST
 	}
-	ch, errno := n.LoopbackNode.Symlink(ctx, target, name, out)
+	ch, errno := n.symlinkHere(ctx, target, name, out)
 	if errno == 0 {
 		n.fsys.cached(out)
 		rel := n.childRel(name)
@@ -82,11 +81,11 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 			return nil, fsys.errno("link", trel, err)
 		}
 		d.Adopt(trel)
-		if err := syscall.Link(d.BackingPath(trel), d.BackingPath(rel)); err != nil {
+		if err := fsys.back().Link(trel, rel); err != nil {
 			return nil, fsys.errno("link", rel, err)
 		}
 		defer fsys.forget(trel)
-		ch, errno := n.LoopbackNode.Lookup(ctx, name, out)
+		ch, errno := n.lookupHere(ctx, name, out)
 		if errno == 0 {
 			fsys.cached(out)
 			d.Changed(ctx, trel)
@@ -94,7 +93,11 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 		}
 		return ch, errno
 	}
-	ch, errno := n.LoopbackNode.Link(ctx, target, name, out)
+	t, ok := target.(*node)
+	if !ok {
+		return nil, syscall.EXDEV
+	}
+	ch, errno := n.linkHere(ctx, t.rel(), name, out)
 	if errno == 0 {
 		fsys.cached(out)
 		d.Changed(ctx, rel)
@@ -112,11 +115,11 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	d := n.fsys.dmd
 	rel := n.childRel(name)
 	var st syscall.Stat_t
-	statErr := syscall.Lstat(d.BackingPath(rel), &st)
+	statErr := n.fsys.back().Lstat(rel, &st)
 	if statErr != nil && !d.Solo() {
 		return n.fsys.errno("unlink", rel, d.RemoveName(ctx, rel))
 	}
-	errno := n.LoopbackNode.Unlink(ctx, name)
+	errno := gofs.ToErrno(n.fsys.back().Unlink(rel))
 	if errno == 0 && statErr == nil && (st.Mode&syscall.S_IFMT == syscall.S_IFREG || !d.Solo()) {
 		d.Removed(ctx, rel, dmd.IDOf(&st), st.Nlink <= 1)
 	}
@@ -140,7 +143,7 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 			return syscall.ENOTEMPTY
 		}
 	}
-	errno := n.LoopbackNode.Rmdir(ctx, name)
+	errno := gofs.ToErrno(n.fsys.back().Rmdir(rel))
 	if errno == 0 {
 		d.RemovedDir(ctx, rel)
 	}
@@ -170,7 +173,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			if err := d.Materialize(ctx, newRel, callerTid(ctx)); err != nil {
 				return fsys.errno("rename", newRel, err)
 			}
-		} else if fi, err := os.Lstat(d.BackingPath(newRel)); err == nil && fi.IsDir() {
+		} else if fsys.isDir(newRel) {
 			if empty, err := d.DirEmptyElsewhere(ctx, newRel); err != nil {
 				return fsys.errno("rename", newRel, err)
 			} else if !empty {
@@ -181,8 +184,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		defer fsys.forget(newRel)
 	}
 	var target syscall.Stat_t
-	targetErr := syscall.Lstat(d.BackingPath(newRel), &target)
-	errno := n.LoopbackNode.Rename(ctx, name, &np.LoopbackNode, newName, flags)
+	targetErr := fsys.back().Lstat(newRel, &target)
+	errno := gofs.ToErrno(fsys.back().Rename(oldRel, newRel, uint(flags)))
 	if errno != 0 {
 		return errno
 	}
@@ -207,11 +210,11 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle
 	if !n.fsys.dmd.Solo() {
 		return n.fsys.openListing(ctx, n.rel(), n.isRoot())
 	}
-	fh, fuseFlags, errno := n.LoopbackNode.OpendirHandle(ctx, flags)
+	fh, errno := n.opendirHere()
 	if errno != 0 || !n.isRoot() {
-		return fh, fuseFlags, errno
+		return fh, 0, errno
 	}
-	return &rootDir{fh}, fuseFlags, 0
+	return &rootDir{fh}, 0, 0
 }
 
 // rootDir is the root's directory stream without the control directory.
@@ -258,7 +261,8 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 	if dmd.IsInternalXattr(attr) {
 		return 0, syscall.ENODATA
 	}
-	return n.LoopbackNode.Getxattr(ctx, attr, dest)
+	sz, err := n.fsys.back().Getxattr(n.rel(), attr, dest)
+	return uint32(sz), gofs.ToErrno(err)
 }
 
 // Setxattr implements gofs.NodeSetxattrer; dyadfs's own attribute is not
@@ -267,7 +271,7 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	if dmd.IsInternalXattr(attr) {
 		return syscall.EPERM
 	}
-	return n.LoopbackNode.Setxattr(ctx, attr, data, flags)
+	return gofs.ToErrno(n.fsys.back().Setxattr(n.rel(), attr, data, int(flags)))
 }
 
 // Removexattr implements gofs.NodeRemovexattrer.
@@ -275,15 +279,15 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if dmd.IsInternalXattr(attr) {
 		return syscall.EPERM
 	}
-	return n.LoopbackNode.Removexattr(ctx, attr)
+	return gofs.ToErrno(n.fsys.back().Removexattr(n.rel(), attr))
 }
 
 // Listxattr implements gofs.NodeListxattrer without dyadfs's own attribute.
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
 	buf := make([]byte, 64<<10)
-	sz, errno := n.LoopbackNode.Listxattr(ctx, buf)
-	if errno != 0 {
-		return sz, errno
+	sz, err := n.fsys.back().Listxattr(n.rel(), buf)
+	if err != nil {
+		return 0, gofs.ToErrno(err)
 	}
 	var out []byte
 	for _, name := range bytes.Split(buf[:sz], []byte{0}) {
@@ -299,4 +303,10 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 		return uint32(len(out)), syscall.ERANGE
 	}
 	return uint32(copy(dest, out)), 0
+}
+
+// isDir reports whether rel is a directory in the backing directory.
+func (fsys *FS) isDir(rel string) bool {
+	var st syscall.Stat_t
+	return fsys.back().Lstat(rel, &st) == nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR
 }

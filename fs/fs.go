@@ -220,18 +220,9 @@ func (fsys *FS) mountOptions() *gofs.Options {
 }
 
 func (fsys *FS) newRoot() (*node, error) {
-	backing := fsys.dmd.Config().Backing
 	var st syscall.Stat_t
-	if err := syscall.Stat(backing, &st); err != nil {
+	if err := fsys.back().Lstat("", &st); err != nil {
 		return nil, fmt.Errorf("backing directory: %w", err)
 	}
-	data := &gofs.LoopbackRoot{Path: backing, Dev: uint64(st.Dev)}
-	// NewNode is deprecated in favour of NodeWrapChilder, but only NewNode
-	// is handed the backing stat, whose inode identifies a file's writers.
-	data.NewNode = func(rd *gofs.LoopbackRoot, _ *gofs.Inode, _ string, st *syscall.Stat_t) gofs.InodeEmbedder {
-		return &node{LoopbackNode: gofs.LoopbackNode{RootData: rd}, fsys: fsys, id: dmd.IDOf(st)}
-	}
-	root := &node{LoopbackNode: gofs.LoopbackNode{RootData: data}, fsys: fsys, id: dmd.IDOf(&st)}
-	data.RootNode = root
-	return root, nil
+	return &node{fsys: fsys, id: dmd.IDOf(&st)}, nil
 }

@@ -29,7 +29,7 @@ var (
 
 // openListing reads the listing of directory rel.
 func (fsys *FS) openListing(ctx context.Context, rel string, root bool) (gofs.FileHandle, uint32, syscall.Errno) {
-	ds, errno := gofs.NewLoopbackDirStream(fsys.dmd.BackingPath(rel))
+	ds, errno := fsys.dirStream(rel)
 	if errno != 0 {
 		return nil, 0, errno
 	}

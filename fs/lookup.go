@@ -33,7 +33,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	}
 	fsys, d := n.fsys, n.fsys.dmd
 	rel := n.childRel(name)
-	ch, errno := n.LoopbackNode.Lookup(ctx, name, out)
+	ch, errno := n.lookupHere(ctx, name, out)
 	if errno == 0 {
 		if out.Mode&syscall.S_IFMT != syscall.S_IFREG || d.CurrentHere(ctx, rel) {
 			fsys.cached(out)
@@ -61,7 +61,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 				if err := d.ShadowDir(ctx, rel, rec); err != nil {
 					return nil, fsys.errno("lookup", rel, err)
 				}
-				if ch, errno := n.LoopbackNode.Lookup(ctx, name, out); errno == 0 {
+				if ch, errno := n.lookupHere(ctx, name, out); errno == 0 {
 					fsys.cached(out)
 					return ch, 0
 				}
@@ -75,7 +75,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	}
 	// The name appeared while we looked (a create in progress): answer
 	// with the real file rather than a placeholder that would replace it.
-	ch, errno = n.LoopbackNode.Lookup(ctx, name, out)
+	ch, errno = n.lookupHere(ctx, name, out)
 	if errno == 0 {
 		fsys.cached(out)
 	}
@@ -107,7 +107,7 @@ func (fsys *FS) lookupMissing(ctx context.Context, parent *gofs.Inode, rel strin
 		// (see dmd.WaitPath), and a placeholder is never cached.
 		if intent == caller.Traverse && !belowPlaceholder {
 			var st syscall.Stat_t
-			if syscall.Lstat(fsys.dmd.BackingPath(rel), &st) == nil {
+			if fsys.back().Lstat(rel, &st) == nil {
 				return nil, 0
 			}
 		}

@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"path"
+	"strings"
 	"syscall"
 	"time"
 
@@ -12,11 +13,11 @@ import (
 	"github.com/dyadfs/dyadfs/fs/dmd"
 )
 
-// node is a file or directory that exists in the backing store. It is a
-// go-fuse loopback node; the operations that create, open, release, rename
-// or remove files are overridden to keep the managed directory informed.
+// node is a file or directory that exists in the backing store: a loopback
+// (see loopback.go) whose operations that create, open, release, rename
+// or remove files keep the managed directory informed.
 type node struct {
-	gofs.LoopbackNode
+	gofs.Inode
 	fsys *FS
 	// id is the backing inode this node stands for; go-fuse makes a new
 	// node when a name comes to mean another inode.
@@ -44,6 +45,8 @@ var (
 	_ gofs.NodeSetxattrer     = (*node)(nil)
 	_ gofs.NodeRemovexattrer  = (*node)(nil)
 	_ gofs.NodeListxattrer    = (*node)(nil)
+	_ gofs.NodeReadlinker     = (*node)(nil)
+	_ gofs.NodeStatfser       = (*node)(nil)
 
 	_ gofs.NodeLookuper  = (*pendingDir)(nil)
 	_ gofs.NodeFlusher   = (*node)(nil)
@@ -57,8 +60,21 @@ var (
 	_ gofs.NodeGetattrer = (*controlDirNode)(nil)
 )
 
-// rel returns the node's path relative to the mount ("" for the root).
-func (n *node) rel() string { return n.Path(nil) }
+// rel returns the node's path relative to the mount ("" for the root). A
+// node whose last name went (an orphan, still open) has a path that names
+// nothing (".go-fuse.N/deleted"), so that what is asked of it by path
+// fails with ENOENT instead of acting on the root.
+func (n *node) rel() string { return n.Path(n.fsys.root.EmbeddedInode()) }
+
+// knownRel is rel, or "" for an orphan: what a handle tells the managed
+// directory its file is called now.
+func (n *node) knownRel() string {
+	rel := n.rel()
+	if strings.HasPrefix(rel, ".go-fuse.") || strings.Contains(rel, "/.go-fuse.") {
+		return ""
+	}
+	return rel
+}
 
 func (n *node) isRoot() bool { return n.EmbeddedInode() == n.fsys.root.EmbeddedInode() }
 
@@ -86,7 +102,7 @@ func (fsys *FS) cacheTTL() time.Duration {
 
 // Getattr implements gofs.NodeGetattrer.
 func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	errno := n.LoopbackNode.Getattr(ctx, f, out)
+	errno := n.getattrHere(ctx, f, out)
 	if errno == 0 {
 		out.SetTimeout(n.fsys.cacheTTL())
 		n.fsys.copyTimes(n.rel(), &out.Attr)
@@ -108,7 +124,7 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 		}
 		d.Adopt(rel)
 	}
-	errno := n.LoopbackNode.Setattr(ctx, f, in, out)
+	errno := n.setattrHere(ctx, f, in, out)
 	if errno != 0 {
 		return errno
 	}

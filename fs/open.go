@@ -66,20 +66,21 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 				return nil, 0, fsys.errno("open", rel, err)
 			}
 		}
-		fh, fuseFlags, errno := n.LoopbackNode.Open(ctx, flags)
+		fh, errno := n.openHere(flags)
 		if errno == syscall.ENOENT && !d.Solo() {
 			return nil, 0, syscall.ESTALE // a copy dropped just now: look up again
 		}
 		if errno != 0 {
 			return nil, 0, errno
 		}
-		return fsys.newReadHandle(fh, rel), fuseFlags | fuse.FOPEN_NOFLUSH, 0
+		return fsys.newReadHandle(fh, rel), fuse.FOPEN_NOFLUSH, 0
 	}
 	// The version this write replaces, if it is published: its writer's
 	// close tells every node holding a copy (see writeHandle.Flush).
 	prev, published := d.PublishedAs(ctx, rel)
 	w := d.BeginWrite(id, tid, rel, false)
-	fh, fuseFlags, errno := n.LoopbackNode.Open(ctx, flags)
+	fh, errno := n.openHere(flags)
+	var fuseFlags uint32
 	if errno != 0 {
 		w.Abort()
 		if errno == syscall.ENOENT && !d.Solo() {
@@ -87,7 +88,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		}
 		return nil, 0, errno
 	}
-	h := fsys.newWriteHandle(fh, w, n.rel)
+	h := fsys.newWriteHandle(fh, w, n.knownRel)
 	if published {
 		h.claim(prev)
 	} else if !d.CloseWaits() {
@@ -102,7 +103,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 // version.)
 func (n *node) backingID() (id dmd.FileID, regular, here bool) {
 	var st syscall.Stat_t
-	if err := syscall.Lstat(n.fsys.dmd.BackingPath(n.rel()), &st); err != nil {
+	if err := n.fsys.back().Lstat(n.rel(), &st); err != nil {
 		return n.id, false, false
 	}
 	return dmd.IDOf(&st), st.Mode&syscall.S_IFMT == syscall.S_IFREG, true
@@ -119,17 +120,18 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	rel := n.childRel(name)
 	n.fsys.dmd.BeginCreate(rel)
 	defer n.fsys.dmd.EndCreate(rel)
-	ch, fh, fuseFlags, errno := n.LoopbackNode.Create(ctx, name, flags, mode, out)
+	ch, fh, errno := n.createHere(ctx, name, flags, mode, out)
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
+	var fuseFlags uint32
 	n.fsys.cached(out)
 	child := ch.Operations().(*node)
 	w := n.fsys.dmd.BeginWrite(child.id, callerTid(ctx), rel, true)
 	if !n.fsys.dmd.CloseWaits() {
 		fuseFlags |= fuse.FOPEN_NOFLUSH
 	}
-	return ch, n.fsys.newWriteHandle(fh, w, child.rel), fuseFlags, 0
+	return ch, n.fsys.newWriteHandle(fh, w, child.knownRel), fuseFlags, 0
 }
 
 // Tmpfile implements gofs.NodeTmpfiler. O_TMPFILE files could not be linked
@@ -204,6 +206,9 @@ func (h *writeHandle) Flush(ctx context.Context) syscall.Errno {
 	tid := callerTid(ctx)
 	ctx = context.WithoutCancel(ctx)
 	rel := h.rel()
+	if rel == "" {
+		return 0 // its last name went: nothing to tell
+	}
 	if h.claims && !h.claimed.Load() && h.w.Changed(h.fd) {
 		h.claimed.Store(true)
 		if err := h.fsys.dmd.Claim(ctx, rel, h.prev, tid); err != nil {

@@ -91,7 +91,7 @@ func (r *remoteNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.A
 		return errno
 	}
 	var st syscall.Stat_t
-	if syscall.Lstat(fsys.dmd.BackingPath(rel), &st) == nil && fsys.dmd.CurrentHere(ctx, rel) {
+	if fsys.back().Lstat(rel, &st) == nil && fsys.dmd.CurrentHere(ctx, rel) {
 		out.FromStat(&st)
 		out.Ino = ino
 		fsys.copyTimes(rel, &out.Attr)

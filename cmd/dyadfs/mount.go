@@ -243,6 +243,9 @@ func readyReporter() func(error) {
 // serve runs the daemon: it opens the store, scans the backing directory,
 // mounts, reports readiness, and serves until unmounted or signalled.
 func serve(c *mountConfig, ready func(error)) (err error) {
+	// Files and directories made for callers take exactly the mode the
+	// kernel passes, which has the caller's umask applied already.
+	syscall.Umask(0)
 	// Signals that arrive while the mount is being set up unmount it as
 	// soon as it exists.
 	sigs := make(chan os.Signal, 1)

@@ -269,13 +269,19 @@ func (d *Dir) withPath(rel string, op func(p string) error) error {
 // Chmod sets rel's mode. A symbolic link's mode cannot be set (Linux has
 // none): EOPNOTSUPP.
 func (d *Dir) Chmod(rel string, mode uint32) error {
-	return d.withPath(rel, func(p string) error {
-		var st syscall.Stat_t
-		if err := syscall.Lstat(p, &st); err == nil && st.Mode&syscall.S_IFMT == syscall.S_IFLNK {
-			return unix.EOPNOTSUPP
-		}
-		return unix.Chmod(p, mode)
-	})
+	fd, err := d.OpenFile(rel, unix.O_PATH, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		return unix.EOPNOTSUPP
+	}
+	return unix.Chmod(fmt.Sprintf("/proc/self/fd/%d", fd), mode)
 }
 
 // Truncate sets the size of the regular file rel.
@@ -315,3 +321,159 @@ func (d *Dir) Listxattr(rel string, dest []byte) (int, error) {
 
 // Statfs describes the filesystem of the backing directory.
 func (d *Dir) Statfs(st *unix.Statfs_t) error { return unix.Fstatfs(d.fd, st) }
+
+// LstatGen is Lstat, with a generation number for the inode: its birth
+// time, which tells a new file from an old one that had the same inode
+// number (1 where the filesystem does not say).
+func (d *Dir) LstatGen(rel string, st *syscall.Stat_t) (uint64, error) {
+	var x unix.Statx_t
+	var err error
+	if rel == "" {
+		err = unix.Statx(d.fd, "", unix.AT_EMPTY_PATH, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &x)
+	} else {
+		err = d.at(rel, func(dirfd int, name string) error {
+			return unix.Statx(dirfd, name, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &x)
+		})
+	}
+	if err != nil {
+		return 0, err
+	}
+	*st = fromStatx(&x)
+	return genOf(&x), nil
+}
+
+// FstatGen is LstatGen for an open descriptor.
+func FstatGen(fd int, st *syscall.Stat_t) (uint64, error) {
+	var x unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &x); err != nil {
+		return 0, err
+	}
+	*st = fromStatx(&x)
+	return genOf(&x), nil
+}
+
+func genOf(x *unix.Statx_t) uint64 {
+	if x.Mask&unix.STATX_BTIME == 0 || (x.Btime.Sec == 0 && x.Btime.Nsec == 0) {
+		return 1
+	}
+	return uint64(x.Btime.Sec)*1e9 + uint64(x.Btime.Nsec)
+}
+
+func fromStatx(x *unix.Statx_t) syscall.Stat_t {
+	return syscall.Stat_t{
+		Dev:     unix.Mkdev(x.Dev_major, x.Dev_minor),
+		Ino:     x.Ino,
+		Nlink:   uint64(x.Nlink),
+		Mode:    uint32(x.Mode),
+		Uid:     x.Uid,
+		Gid:     x.Gid,
+		Rdev:    unix.Mkdev(x.Rdev_major, x.Rdev_minor),
+		Size:    int64(x.Size),
+		Blksize: int64(x.Blksize),
+		Blocks:  int64(x.Blocks),
+		Atim:    syscall.Timespec{Sec: x.Atime.Sec, Nsec: int64(x.Atime.Nsec)},
+		Mtim:    syscall.Timespec{Sec: x.Mtime.Sec, Nsec: int64(x.Mtime.Nsec)},
+		Ctim:    syscall.Timespec{Sec: x.Ctime.Sec, Nsec: int64(x.Ctime.Nsec)},
+	}
+}
+
+// ReadDir lists directory rel: its entries' names and types (DT_*), in
+// the order the filesystem gives them, "." and ".." left out.
+func (d *Dir) ReadDir(rel string) ([]DirEntry, error) {
+	fd, err := d.OpenFile(rel, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	var out []DirEntry
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := unix.Getdents(fd, buf)
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			return out, nil
+		}
+		for off := 0; off < n; {
+			// struct linux_dirent64: ino u64, off s64, reclen u16, type u8, name.
+			reclen := int(buf[off+16]) | int(buf[off+17])<<8
+			typ := buf[off+18]
+			name := buf[off+19 : off+reclen]
+			if i := indexByte(name, 0); i >= 0 {
+				name = name[:i]
+			}
+			if s := string(name); s != "." && s != ".." {
+				if typ == unix.DT_UNKNOWN {
+					// The filesystem does not say: ask the inode.
+					var st unix.Stat_t
+					if unix.Fstatat(fd, s, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+						typ = uint8(st.Mode & unix.S_IFMT >> 12)
+					}
+				}
+				out = append(out, DirEntry{Name: s, Type: typ})
+			}
+			off += reclen
+		}
+	}
+}
+
+func indexByte(b []byte, c byte) int {
+	for i, x := range b {
+		if x == c {
+			return i
+		}
+	}
+	return -1
+}
+
+// DirEntry is an entry of a directory: its name and type (unix.DT_*).
+type DirEntry struct {
+	Name string
+	Type uint8
+}
+
+// IsDir reports whether the entry is a directory.
+func (e DirEntry) IsDir() bool { return e.Type == unix.DT_DIR }
+
+// Walk calls fn for every entry below directory rel (not rel itself), a
+// directory before what it holds, with the entry's path relative to the
+// backing directory. An error from fn ends the walk; SkipDir from fn on a
+// directory skips what it holds. A directory that cannot be read is
+// passed over, and the walk returns the first such error at its end.
+func (d *Dir) Walk(rel string, fn func(rel string, e DirEntry) error) error {
+	var unread error
+	err := d.walk(rel, fn, &unread)
+	if err != nil {
+		return err
+	}
+	return unread
+}
+
+func (d *Dir) walk(rel string, fn func(rel string, e DirEntry) error, unread *error) error {
+	entries, err := d.ReadDir(rel)
+	if err != nil {
+		if *unread == nil {
+			*unread = fmt.Errorf("read directory %s: %w", d.Join(rel), err)
+		}
+		return nil
+	}
+	for _, e := range entries {
+		p := path.Join(rel, e.Name)
+		if err := fn(p, e); err != nil {
+			if err == SkipDir {
+				continue
+			}
+			return err
+		}
+		if e.IsDir() {
+			if err := d.walk(p, fn, unread); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// SkipDir, returned by Walk's fn for a directory, skips what it holds.
+var SkipDir = fmt.Errorf("skip this directory")

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/fs/backing"
 	"github.com/dyadfs/dyadfs/hfl"
 )
 
@@ -151,9 +152,10 @@ type DMD struct {
 	waiters waiters
 	// storeID names the store this node publishes in (see publishedXattr).
 	storeID string
-	// backingFd is the backing directory and tempFd the temporary one,
-	// opened once; served and installed paths are resolved beneath them.
-	backingFd, tempFd int
+	// back is the backing directory, addressed beneath its descriptor;
+	// tempFd is the temporary one, opened once.
+	back   *backing.Dir
+	tempFd int
 	// uncleanStart says the previous daemon did not stop cleanly: copies
 	// fetched then may not have reached the disk whole.
 	uncleanStart bool
@@ -232,11 +234,11 @@ func New(cfg Config, p Parts) (*DMD, error) {
 	if err := os.Mkdir(d.TempDir(), 0o700); err != nil {
 		return nil, fmt.Errorf("create %s: %w", d.TempDir(), err)
 	}
-	if d.backingFd, err = unix.Open(cfg.Backing, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
-		return nil, fmt.Errorf("open backing directory: %w", err)
+	if d.back, err = backing.Open(cfg.Backing); err != nil {
+		return nil, err
 	}
 	if d.tempFd, err = unix.Open(d.TempDir(), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
-		unix.Close(d.backingFd)
+		d.back.Close()
 		return nil, fmt.Errorf("open %s: %w", d.TempDir(), err)
 	}
 	d.markers = probeMarkers(d.internalPath())
@@ -273,7 +275,7 @@ func New(cfg Config, p Parts) (*DMD, error) {
 
 func (d *DMD) closeFds() {
 	unix.Close(d.tempFd)
-	unix.Close(d.backingFd)
+	d.back.Close()
 }
 
 // Config returns the configuration.
@@ -299,8 +301,13 @@ func (d *DMD) TempDir() string { return filepath.Join(d.internalPath(), "tmp-"+d
 // directory and the last one stopped cleanly.
 func (d *DMD) cleanMarker() string { return filepath.Join(d.internalPath(), "clean-"+d.cfg.Node) }
 
-// BackingPath returns the backing path of a clean relative path.
+// BackingPath returns the backing path of a clean relative path, for
+// messages: operations address it beneath the backing directory's
+// descriptor (see Backing), since it may be longer than a path can be.
 func (d *DMD) BackingPath(rel string) string { return filepath.Join(d.cfg.Backing, rel) }
+
+// Backing is the backing directory.
+func (d *DMD) Backing() *backing.Dir { return d.back }
 
 // Shutdown ends every wait with ErrShutdown and refuses new ones.
 func (d *DMD) Shutdown() {

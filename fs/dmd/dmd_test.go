@@ -116,7 +116,7 @@ func TestPublishOnLastRelease(t *testing.T) {
 	if rec.Size != 11 || rec.Owner != "n1" || rec.Path != "a/b.dat" || rec.Mode&0o777 != 0o644 || rec.Generation == 0 {
 		t.Fatalf("record %+v", rec)
 	}
-	if hasMarker(filepath.Join(fx.dir, "a/b.dat")) {
+	if fx.d.hasMarker("a/b.dat") {
 		t.Fatal("crash marker left on a published file")
 	}
 }

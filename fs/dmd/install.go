@@ -57,10 +57,7 @@ func (d *DMD) dirBeneath(rel string, uid, gid uint32) (int, error) {
 		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
 		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
 	}
-	if rel == "" {
-		return unix.Openat2(d.backingFd, ".", how)
-	}
-	if fd, err := unix.Openat2(d.backingFd, rel, how); err == nil {
+	if fd, err := d.back.OpenDirPath(rel); err == nil {
 		return fd, nil
 	} else if !errors.Is(err, unix.ENOENT) {
 		return -1, fmt.Errorf("directory %s: %w", rel, err)
@@ -68,7 +65,7 @@ func (d *DMD) dirBeneath(rel string, uid, gid uint32) (int, error) {
 	cur := -1 // -1: the backing directory itself
 	at := func() int {
 		if cur < 0 {
-			return d.backingFd
+			return d.back.Fd()
 		}
 		return cur
 	}

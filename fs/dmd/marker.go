@@ -39,24 +39,24 @@ func (d *DMD) markPublished(rel string, gen uint64) {
 		return
 	}
 	v := d.storeID + "@" + strconv.FormatUint(gen, 10)
-	if err := unix.Lsetxattr(d.BackingPath(rel), publishedXattr, []byte(v), 0); err != nil && !errors.Is(err, unix.ENOENT) {
+	if err := d.back.Setxattr(rel, publishedXattr, []byte(v), 0); err != nil && !errors.Is(err, unix.ENOENT) {
 		d.log.Debug("cannot mark a file as published", "path", rel, "err", err)
 	}
 }
 
 // publishedMark returns the store and generation rel's mark names.
-func publishedMark(path string) (store string, gen uint64, ok bool) {
-	return splitMark(path, publishedXattr)
+func (d *DMD) publishedMark(rel string) (store string, gen uint64, ok bool) {
+	return d.splitMark(rel, publishedXattr)
 }
 
 // replicaMark returns the owner and generation a copy's mark names.
-func replicaMark(path string) (owner string, gen uint64, ok bool) {
-	return splitMark(path, replicaXattr)
+func (d *DMD) replicaMark(rel string) (owner string, gen uint64, ok bool) {
+	return d.splitMark(rel, replicaXattr)
 }
 
-func splitMark(path, attr string) (string, uint64, bool) {
+func (d *DMD) splitMark(rel, attr string) (string, uint64, bool) {
 	buf := make([]byte, 512)
-	n, err := unix.Lgetxattr(path, attr, buf)
+	n, err := d.back.Getxattr(rel, attr, buf)
 	if err != nil {
 		return "", 0, false
 	}
@@ -110,7 +110,7 @@ func clearMarker(fd int) error {
 	return err
 }
 
-func hasMarker(path string) bool {
-	_, err := unix.Lgetxattr(path, markerXattr, nil)
+func (d *DMD) hasMarker(rel string) bool {
+	_, err := d.back.Getxattr(rel, markerXattr, nil)
 	return err == nil
 }

@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path"
-	"path/filepath"
+	"strings"
 	"syscall"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/dyadfs/dyadfs/fs/backing"
 	"github.com/dyadfs/dyadfs/hfl"
 )
 
@@ -174,37 +172,23 @@ func (d *DMD) Republish(ctx context.Context, rel string) {
 // eachEntry calls fn with the path, relative to rel, of every entry at or
 // under rel in the backing store ("" for rel itself), parents first.
 func (d *DMD) eachEntry(rel string, fn func(sub string, mode uint32)) {
-	root := d.BackingPath(rel)
-	filepath.WalkDir(root, func(p string, e fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		sub, err := filepath.Rel(root, p)
-		if err != nil {
-			return nil
-		}
-		if sub == "." {
-			sub = ""
-		}
+	var st syscall.Stat_t
+	if d.back.Lstat(rel, &st) != nil {
+		return
+	}
+	fn("", st.Mode&syscall.S_IFMT)
+	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return
+	}
+	d.back.Walk(rel, func(p string, e backing.DirEntry) error {
+		sub := strings.TrimPrefix(strings.TrimPrefix(p, rel), "/")
 		if e.IsDir() && rel == "" && sub == InternalDir {
-			return filepath.SkipDir
+			return backing.SkipDir
 		}
-		fn(filepath.ToSlash(sub), modeBits(e))
+		// DT_* are the S_IF* type bits shifted down.
+		fn(sub, uint32(e.Type)<<12)
 		return nil
 	})
-}
-
-// modeBits returns the syscall type bits of e.
-func modeBits(e fs.DirEntry) uint32 {
-	switch {
-	case e.IsDir():
-		return syscall.S_IFDIR
-	case e.Type()&fs.ModeSymlink != 0:
-		return syscall.S_IFLNK
-	case e.Type().IsRegular():
-		return syscall.S_IFREG
-	}
-	return 0
 }
 
 // Changed is called when rel became complete or changed without a write
@@ -230,7 +214,7 @@ func (d *DMD) Made(ctx context.Context, rel string) {
 		return
 	}
 	var st syscall.Stat_t
-	if err := syscall.Lstat(d.BackingPath(rel), &st); err != nil {
+	if err := d.back.Lstat(rel, &st); err != nil {
 		return
 	}
 	if _, isCopy := d.copyOf(rel); isCopy || st.Mode&syscall.S_IFMT == syscall.S_IFREG {
@@ -238,7 +222,7 @@ func (d *DMD) Made(ctx context.Context, rel string) {
 	}
 	rec := recordOf(rel, d.cfg.Node, &st)
 	if st.Mode&syscall.S_IFMT == syscall.S_IFLNK {
-		target, err := os.Readlink(d.BackingPath(rel))
+		target, err := d.back.Readlink(rel)
 		if err != nil {
 			return
 		}
@@ -256,6 +240,6 @@ func (d *DMD) Adopt(rel string) {
 	}
 	d.forgetCopy(rel)
 	if d.markers {
-		unix.Lremovexattr(d.BackingPath(rel), replicaXattr)
+		d.back.Removexattr(rel, replicaXattr)
 	}
 }

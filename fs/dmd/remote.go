@@ -63,7 +63,7 @@ func (d *DMD) OpenForWrite(ctx context.Context, rel string, flags int, tid uint3
 			return nil, nil, hfl.Record{}, err
 		}
 		var st syscall.Stat_t
-		if err := syscall.Lstat(d.BackingPath(rel), &st); err != nil {
+		if err := d.back.Lstat(rel, &st); err != nil {
 			return nil, nil, hfl.Record{}, err
 		}
 		w := d.BeginWrite(IDOf(&st), tid, rel, false)
@@ -118,7 +118,7 @@ func (d *DMD) OpenForWrite(ctx context.Context, rel string, flags int, tid uint3
 // busy0 reports whether the file at rel is being written here.
 func (d *DMD) busy0(rel string) bool {
 	var st syscall.Stat_t
-	if syscall.Lstat(d.BackingPath(rel), &st) != nil {
+	if d.back.Lstat(rel, &st) != nil {
 		return false
 	}
 	d.mu.Lock()
@@ -129,7 +129,7 @@ func (d *DMD) busy0(rel string) bool {
 // joinWriters opens rel, being written here, as one more writer.
 func (d *DMD) joinWriters(rel string, flags int, tid uint32, rec hfl.Record) (*Writer, *os.File, hfl.Record, error) {
 	var st syscall.Stat_t
-	if err := syscall.Lstat(d.BackingPath(rel), &st); err != nil {
+	if err := d.back.Lstat(rel, &st); err != nil {
 		return nil, nil, hfl.Record{}, err
 	}
 	w := d.BeginWrite(IDOf(&st), tid, rel, false)
@@ -182,7 +182,7 @@ func (d *DMD) Materialize(ctx context.Context, rel string, tid uint32) error {
 		return nil
 	}
 	var st syscall.Stat_t
-	if err := syscall.Lstat(d.BackingPath(rel), &st); err == nil {
+	if err := d.back.Lstat(rel, &st); err == nil {
 		switch st.Mode & syscall.S_IFMT {
 		case syscall.S_IFDIR:
 			return d.onlyHere(ctx, rel)
@@ -224,7 +224,7 @@ func (d *DMD) onlyHere(ctx context.Context, rel string) error {
 		}
 		for _, rec := range recs {
 			var st syscall.Stat_t
-			if err := syscall.Lstat(d.BackingPath(rec.Path), &st); err != nil {
+			if err := d.back.Lstat(rec.Path, &st); err != nil {
 				return fmt.Errorf("%s: %s is on node %s: %w", rel, rec.Path, rec.Owner, ErrRemoteTree)
 			}
 			if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {

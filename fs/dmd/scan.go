@@ -3,14 +3,12 @@ package dmd
 import (
 	"context"
 	"errors"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dyadfs/dyadfs/fs/backing"
 	"github.com/dyadfs/dyadfs/hfl"
 )
 
@@ -78,53 +76,44 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 		}()
 	}
 	var dirs []string
-	err := filepath.WalkDir(d.cfg.Backing, func(p string, e fs.DirEntry, err error) error {
-		if err != nil {
-			d.log.Warn("scan: cannot read", "path", p, "err", err)
-			return nil
-		}
+	err := d.back.Walk("", func(rel string, e backing.DirEntry) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		rel, _ := filepath.Rel(d.cfg.Backing, p)
 		if e.IsDir() && rel == InternalDir {
-			return filepath.SkipDir
+			return backing.SkipDir
 		}
-		rel = filepath.ToSlash(rel)
 		switch {
 		case e.IsDir():
-			if rel == "." {
-				return nil
-			}
-			if owner, gen, ok := replicaMark(p); d.markers && ok {
+			if owner, gen, ok := d.replicaMark(rel); d.markers && ok {
 				d.noteCopy(rel, copyInfo{owner: owner, gen: gen, dir: true})
 			} else if !d.solo() {
 				dirs = append(dirs, rel)
 			}
 			return nil
-		case e.Type()&fs.ModeSymlink != 0:
+		case e.Type == unix.DT_LNK:
 			if !d.solo() {
 				d.Made(ctx, rel)
 			}
 			return nil
-		case !e.Type().IsRegular():
+		case e.Type != unix.DT_REG:
 			return nil
 		}
-		if owner, gen, ok := replicaMark(p); d.markers && ok {
+		if owner, gen, ok := d.replicaMark(rel); d.markers && ok {
 			// A copy fetched from its owner: the owner publishes it.
 			// After an unclean stop it may not have reached the disk
 			// whole: drop it, the next open fetches it again.
 			if d.uncleanStart {
-				os.Remove(p)
+				d.back.Unlink(rel)
 				res.Dropped++
 				return nil
 			}
 			d.noteCopy(rel, copyInfo{owner: owner, gen: gen})
 			return nil
 		}
-		if d.markers && hasMarker(p) {
+		if d.markers && d.hasMarker(rel) {
 			var st syscall.Stat_t
-			if err := syscall.Lstat(p, &st); err == nil {
+			if err := d.back.Lstat(rel, &st); err == nil {
 				d.holdIncomplete(IDOf(&st))
 				res.Incomplete++
 				d.log.Warn("file was being written when dyadfs stopped: not published until it is written again", "path", rel)
@@ -136,6 +125,11 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 	})
 	close(work)
 	wg.Wait()
+	if err != nil && ctx.Err() == nil {
+		// A directory it could not read: the rest is scanned.
+		d.log.Warn("scan: cannot read", "err", err)
+		err = nil
+	}
 	// Directories last, deepest first: one removed elsewhere goes once
 	// its files have gone.
 	for i := len(dirs) - 1; i >= 0; i-- {
@@ -159,7 +153,7 @@ func (d *DMD) scanOwn(ctx context.Context, rel string, res *ScanResult, count fu
 		return
 	}
 	rec, err := d.loc.Published(ctx, rel)
-	store, _, marked := publishedMark(d.BackingPath(rel))
+	store, _, marked := d.publishedMark(rel)
 	marked = marked && store == d.storeID
 	switch {
 	case errors.Is(err, hfl.ErrNotFound) && marked:
@@ -191,10 +185,10 @@ func (d *DMD) scanOwn(ctx context.Context, rel string, res *ScanResult, count fu
 // it is not, removed (if empty) if it was removed elsewhere meanwhile.
 func (d *DMD) scanOwnDir(ctx context.Context, rel string, res *ScanResult) {
 	_, err := d.loc.Published(ctx, rel)
-	store, _, marked := publishedMark(d.BackingPath(rel))
+	store, _, marked := d.publishedMark(rel)
 	switch {
 	case errors.Is(err, hfl.ErrNotFound) && marked && store == d.storeID:
-		if unix.Rmdir(d.BackingPath(rel)) == nil {
+		if d.back.Rmdir(rel) == nil {
 			d.log.Info("directory was removed on another node while this one was down; removed here", "path", rel)
 			res.Removed++
 		}

@@ -55,14 +55,12 @@ func (d *DMD) OpenPublished(ctx context.Context, req dtl.Request) (*os.File, dtl
 }
 
 // OpenBeneath opens rel in the backing directory with flags, resolving it
-// beneath the directory: a path whose resolution would leave it (through
-// "..", an absolute symbolic link or one that climbs out) fails with EXDEV,
-// and so does a /proc magic link.
+// beneath the directory: a path whose resolution would leave it, or that
+// goes through a symbolic link (which dyadfs never needs: the kernel
+// follows the mount's links), fails (EXDEV, ELOOP), and so does a link at
+// its end.
 func (d *DMD) OpenBeneath(rel string, flags int) (*os.File, error) {
-	fd, err := unix.Openat2(d.backingFd, rel, &unix.OpenHow{
-		Flags:   uint64(flags) | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS,
-	})
+	fd, err := d.back.OpenFile(rel, flags, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: rel, Err: err}
 	}

@@ -199,7 +199,7 @@ func (d *DMD) CurrentHere(ctx context.Context, rel string) bool {
 		return true
 	}
 	var st syscall.Stat_t
-	if err := syscall.Lstat(d.BackingPath(rel), &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+	if err := d.back.Lstat(rel, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
 		return true // nothing to judge
 	}
 	return d.currentHere(ctx, rel, &st)
@@ -334,7 +334,7 @@ func (d *DMD) Invalidated(rel string, rec hfl.Record, exists bool) {
 		return
 	}
 	var st syscall.Stat_t
-	if err := syscall.Lstat(d.BackingPath(rel), &st); err != nil {
+	if err := d.back.Lstat(rel, &st); err != nil {
 		d.toldUnseen(rel) // shown from the namespace: its attributes changed
 		return
 	}
@@ -398,7 +398,7 @@ func (d *DMD) Invalidated(rel string, rec hfl.Record, exists bool) {
 // ownNewer reports whether this node's own file at rel was published at a
 // generation newer than rec's (its mark says so).
 func (d *DMD) ownNewer(rel string, rec hfl.Record) bool {
-	_, gen, ok := publishedMark(d.BackingPath(rel))
+	_, gen, ok := d.publishedMark(rel)
 	return ok && rec.Generation < gen
 }
 
@@ -441,13 +441,4 @@ func (d *DMD) ShadowDir(ctx context.Context, rel string, rec hfl.Record) error {
 
 // openDir opens directory rel of the backing directory (O_PATH) without
 // following symbolic links.
-func (d *DMD) openDir(rel string) (int, error) {
-	how := &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-	}
-	if rel == "" {
-		rel = "."
-	}
-	return unix.Openat2(d.backingFd, rel, how)
-}
+func (d *DMD) openDir(rel string) (int, error) { return d.back.OpenDirPath(rel) }

@@ -47,7 +47,7 @@ func (d *DMD) FetchStats() *dtl.FetchStats {
 // node: not being written or created here, not left half-written.
 func (d *DMD) completeHere(rel string) (*syscall.Stat_t, bool) {
 	var st syscall.Stat_t
-	if err := syscall.Lstat(d.BackingPath(rel), &st); err != nil {
+	if err := d.back.Lstat(rel, &st); err != nil {
 		return nil, false
 	}
 	return &st, d.completeAs(rel, &st)
@@ -100,7 +100,7 @@ func (d *DMD) localRecordAs(ctx context.Context, rel string, st *syscall.Stat_t)
 // complete or not.
 func (d *DMD) existsHere(rel string) bool {
 	var st syscall.Stat_t
-	return syscall.Lstat(d.BackingPath(rel), &st) == nil
+	return d.back.Lstat(rel, &st) == nil
 }
 
 // here is what one look at a path in the backing store found.
@@ -114,7 +114,7 @@ type here struct {
 // a file there would wait forever.
 func (d *DMD) lookHere(ctx context.Context, rel string) (here, error) {
 	var st syscall.Stat_t
-	if syscall.Lstat(d.BackingPath(rel), &st) != nil {
+	if d.back.Lstat(rel, &st) != nil {
 		return here{}, nil
 	}
 	switch st.Mode & syscall.S_IFMT {
@@ -227,7 +227,7 @@ type waitForKey struct{}
 // Something being written here or of another kind is left alone.
 func (d *DMD) clearForFetch(ctx context.Context, rel string) bool {
 	var st syscall.Stat_t
-	if syscall.Lstat(d.BackingPath(rel), &st) != nil {
+	if d.back.Lstat(rel, &st) != nil {
 		return true
 	}
 	if d.solo() || st.Mode&syscall.S_IFMT != syscall.S_IFREG {

@@ -406,14 +406,14 @@ func (d *DMD) keepIncomplete(ws *writeState) {
 // names reports whether rel, in the backing store, is file id.
 func (d *DMD) names(rel string, id FileID) bool {
 	var st syscall.Stat_t
-	return syscall.Lstat(d.BackingPath(rel), &st) == nil && IDOf(&st) == id
+	return d.back.Lstat(rel, &st) == nil && IDOf(&st) == id
 }
 
 // noteName records that the file at rel, if it is being written, now also
 // has that name, so that its last writer publishes it there.
 func (d *DMD) noteName(rel string) {
 	var st syscall.Stat_t
-	if syscall.Lstat(d.BackingPath(rel), &st) != nil {
+	if d.back.Lstat(rel, &st) != nil {
 		return
 	}
 	d.mu.Lock()
