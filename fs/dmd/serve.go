@@ -108,8 +108,11 @@ func (d *DMD) servable(ctx context.Context, rel string, f *os.File, gen uint64) 
 		return dtl.FileInfo{}, fmt.Errorf("record of %s: %w", rel, err)
 	}
 	if rec.Size != st.Size || rec.MtimeNs != st.Mtim.Nano() {
-		// Changed since it was published without a write handle seeing
-		// it; its next publish will tell.
+		// Changed since it was published without a write handle or a
+		// change of this name seeing it (through another hard link of
+		// it, say): publish it as it is, so that the consumer, which
+		// waits for a newer version, gets one.
+		go d.Changed(d.life, rel)
 		return dtl.FileInfo{}, fmt.Errorf("%s differs from its published record: %w", rel, dtl.ErrBusy)
 	}
 	d.stats.serves.Add(1)
