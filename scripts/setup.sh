@@ -10,7 +10,8 @@ export PATH="$PATH:/usr/local/go/bin"
 # for the tests; iproute2 (ip, tc) for the multi-node tests; iperf3 for the
 # benchmark's network baseline; the programs the tests run on the mount
 # as users do (rsync, sqlite3, and Debian's python3 with numpy and h5py);
-# strace, to count what the daemon does for one waiting open.
+# strace, to count what the daemon does for one waiting open; perl and
+# gcc for the POSIX conformance suite.
 packages=()
 command -v fusermount3 >/dev/null || packages+=(fuse3)
 command -v etcd >/dev/null || packages+=(etcd-server)
@@ -21,6 +22,9 @@ command -v iperf3 >/dev/null || packages+=(iperf3)
 command -v rsync >/dev/null || packages+=(rsync)
 command -v sqlite3 >/dev/null || packages+=(sqlite3)
 command -v strace >/dev/null || packages+=(strace)
+# perl's prove and a C compiler build and run pjdfstest (../shared).
+command -v prove >/dev/null || packages+=(perl)
+command -v cc >/dev/null || packages+=(gcc)
 /usr/bin/python3 -c 'import numpy, h5py' 2>/dev/null || packages+=(python3-numpy python3-h5py)
 if ((${#packages[@]})); then
 	if [[ $(id -u) -ne 0 ]]; then
