@@ -44,8 +44,17 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	}
 	if !d.Solo() && (!here || id != n.id) {
 		// Removed or replaced here since the kernel looked it up (a
-		// copy dropped or renewed): it looks up again (the kernel
-		// retries an open that gets ESTALE once).
+		// copy dropped or renewed).
+		if here && flags&writeFlags == 0 {
+			// Replaced by a newer copy: a reader reads the current
+			// version; the kernel refreshes the inode's attributes.
+			n.NotifyContent(-1, 0)
+			defer fsys.forget(rel)
+			return fsys.openWhenHere(ctx, rel, flags)
+		}
+		// Gone here, or opened to write: it looks up again (the
+		// kernel retries an open that gets ESTALE once), and finds
+		// what the namespace has now.
 		return nil, 0, syscall.ESTALE
 	}
 	if regular && !d.CurrentHere(ctx, rel) {

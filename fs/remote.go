@@ -136,9 +136,17 @@ func (r *remoteNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, u
 	defer fsys.forget(rel) // what is here from now on is shown as such
 	rec, ok, err := fsys.dmd.Entry(ctx, rel, false)
 	if err == nil && ok && rec.Generation != r.gen && !fsys.dmd.Mine(rel) {
-		// Another version since the kernel looked it up: it looks up
-		// again (the kernel retries an open that gets ESTALE once).
-		return nil, 0, syscall.ESTALE
+		if flags&writeFlags != 0 {
+			// Another version since the kernel looked it up: it looks
+			// up again (the kernel retries an open that gets ESTALE
+			// once).
+			return nil, 0, syscall.ESTALE
+		}
+		// A reader reads the newest version (close-to-open allows a
+		// newer one); the kernel refreshes the inode's attributes. An
+		// ESTALE here would fail a reader of a file rewritten twice
+		// while it opened it.
+		r.NotifyContent(-1, 0)
 	}
 	if flags&writeFlags == 0 {
 		if err == nil && !ok && !fsys.waits(callerTid(ctx), rel) {

@@ -1,0 +1,37 @@
+//go:build !ucx
+
+package ucx
+
+import (
+	"context"
+	"errors"
+	"os"
+
+	"github.com/dyadfs/dyadfs/dtl"
+)
+
+// ErrNotBuilt is what New returns in a build without UCX.
+var ErrNotBuilt = errors.New("transport ucx: dyadfs was built without UCX; install libucx-dev (Debian: apt-get install libucx-dev) and build with -tags ucx")
+
+// Transport stands in for the UCX transport in a build without UCX; New
+// never returns one.
+type Transport struct{}
+
+var (
+	_ dtl.Transport = (*Transport)(nil)
+	_ dtl.Messenger = (*Transport)(nil)
+)
+
+// New fails: this build has no UCX.
+func New(cfg dtl.Config) (*Transport, error) { return nil, ErrNotBuilt }
+
+func (*Transport) Serve(dtl.Source) error { return ErrNotBuilt }
+func (*Transport) Addr() string           { return "" }
+func (*Transport) Fetch(context.Context, string, dtl.Request, *os.File) (dtl.FileInfo, error) {
+	return dtl.FileInfo{}, ErrNotBuilt
+}
+func (*Transport) Message(context.Context, string, string, []byte) ([]byte, error) {
+	return nil, ErrNotBuilt
+}
+func (*Transport) Close() error { return nil }
+func (*Transport) Stats() Stats { return Stats{} }
