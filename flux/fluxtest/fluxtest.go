@@ -1,0 +1,102 @@
+// Package fluxtest starts Flux test instances for dyadfs's tests: `flux
+// start --test-size=N`, N brokers on this machine, each with its own URI.
+// Tests that need one skip, saying what is missing, where Flux is not
+// installed (../shared/flux/install.sh installs it under /opt/flux-core).
+package fluxtest
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Binary is the flux command, found on PATH or where install.sh puts it.
+func Binary() (string, error) {
+	if p, err := exec.LookPath("flux"); err == nil {
+		return p, nil
+	}
+	const p = "/opt/flux-core/bin/flux"
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("flux is not installed (no flux on PATH, no %s): run ../shared/flux/install.sh", p)
+	}
+	return p, nil
+}
+
+// Instance is a running test instance.
+type Instance struct {
+	// URIs are the brokers' FLUX_URIs, by rank.
+	URIs []string
+	cmd  *exec.Cmd
+}
+
+// Start starts an instance of size brokers, stopped when the test ends.
+func Start(t testing.TB, size int) *Instance {
+	t.Helper()
+	bin, err := Binary()
+	if err != nil {
+		t.Skipf("skipping: %v", err)
+	}
+	dir := t.TempDir()
+	uris := filepath.Join(dir, "uris")
+	ready := filepath.Join(dir, "ready")
+	script := fmt.Sprintf(`for r in $(seq 0 %d); do flux exec -r $r printenv FLUX_URI; done > %s.tmp && mv %s.tmp %s && touch %s && exec sleep 100000`,
+		size-1, uris, uris, uris, ready)
+	cmd := exec.Command(bin, "start", fmt.Sprintf("--test-size=%d", size), "bash", "-c", script)
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"))
+	logf, err := os.Create(filepath.Join(dir, "flux.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("flux start: %v", err)
+	}
+	in := &Instance{cmd: cmd}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); logf.Close(); close(exited) }()
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-exited
+		}
+	})
+	deadline := time.After(60 * time.Second)
+	for {
+		if _, err := os.Stat(ready); err == nil {
+			break
+		}
+		select {
+		case <-exited:
+			b, _ := os.ReadFile(filepath.Join(dir, "flux.log"))
+			t.Fatalf("flux start exited before it was ready:\n%s", b)
+		case <-deadline:
+			t.Fatal("flux start not ready after 60 s")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	f, err := os.Open(uris)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if u := strings.TrimSpace(sc.Text()); u != "" {
+			in.URIs = append(in.URIs, u)
+		}
+	}
+	if len(in.URIs) != size {
+		t.Fatalf("flux start: %d URIs for %d brokers", len(in.URIs), size)
+	}
+	return in
+}
