@@ -60,6 +60,6 @@ func (h *Handle) RPC(ctx context.Context, topic string, nodeid uint32, payload [
 func (h *Handle) Stream(ctx context.Context, topic string, nodeid uint32, payload []byte, each func([]byte) error) error {
 	return ErrNotBuilt
 }
-func (s *Service) Name() string                      { return "" }
+func (s *Service) Name() string                           { return "" }
 func (s *Service) Handle(method string, fn func(Request)) {}
-func (s *Service) Close() error                      { return ErrNotBuilt }
+func (s *Service) Close() error                           { return ErrNotBuilt }

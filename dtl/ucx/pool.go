@@ -14,7 +14,7 @@ import (
 )
 
 // pool is a set of equal slots of memory registered with UCX (one
-// ucp_mem_map of them all), each with room for one message header, and a
+// mapping and one ucp_mem_map of them all), each with room for one message header, and a
 // ring of the free ones. Any goroutine takes a slot from the ring and
 // gives it back; only the worker maps and unmaps the memory, once, after
 // every goroutine that could touch it has returned (Transport.Close).
@@ -49,7 +49,7 @@ func newPool(uctx C.ucp_context_h, size, n int) (*pool, error) {
 
 // destroy unmaps the memory. No slot may be in use.
 func (p *pool) destroy(uctx C.ucp_context_h) {
-	C.ucp_mem_unmap(uctx, p.memh)
+	C.shim_mem_unmap(uctx, p.memh, p.base, C.size_t(p.size*p.n))
 	C.free(p.hdrs)
 	p.base, p.hdrs = nil, nil
 }

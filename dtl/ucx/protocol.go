@@ -48,7 +48,7 @@ const (
 	magic        = "dyadfs-ucx"
 	protoVersion = uint32(1)
 	hdrLen       = 32
-	infoLen      = 40
+	infoLen      = 36
 	nonceLen     = 32
 	macLen       = 32
 	maxNode      = 255

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 
 #include "shim.h"
@@ -72,30 +73,38 @@ ucs_status_t shim_worker_create(ucp_context_h context, uintptr_t handle,
     return status;
 }
 
+// shim_mem_map maps length bytes of private anonymous memory and registers
+// them with UCX (for RDMA and CMA zero-copy); shim_mem_unmap undoes both.
+// Plain mmap rather than UCP_MEM_MAP_ALLOCATE, whose first choice is a
+// System V shared memory segment.
 ucs_status_t shim_mem_map(ucp_context_h context, size_t length,
                           ucp_mem_h *memh, void **address)
 {
+    void *addr = mmap(NULL, length, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (addr == MAP_FAILED) {
+        return UCS_ERR_NO_MEMORY;
+    }
     ucp_mem_map_params_t params;
     memset(&params, 0, sizeof(params));
-    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                        UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                        UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    params.address    = addr;
     params.length     = length;
-    params.flags      = UCP_MEM_MAP_ALLOCATE;
     ucs_status_t status = ucp_mem_map(context, &params, memh);
     if (status != UCS_OK) {
+        munmap(addr, length);
         return status;
     }
-    ucp_mem_attr_t attr;
-    memset(&attr, 0, sizeof(attr));
-    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
-    status = ucp_mem_query(*memh, &attr);
-    if (status != UCS_OK) {
-        ucp_mem_unmap(context, *memh);
-        *memh = NULL;
-        return status;
-    }
-    *address = attr.address;
+    *address = addr;
     return UCS_OK;
+}
+
+void shim_mem_unmap(ucp_context_h context, ucp_mem_h memh, void *address,
+                    size_t length)
+{
+    ucp_mem_unmap(context, memh);
+    munmap(address, length);
 }
 
 // sockaddr_of fills ss with ip (IPv4 or IPv6 text) and port.

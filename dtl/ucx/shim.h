@@ -17,6 +17,8 @@ ucs_status_t shim_worker_create(ucp_context_h context, uintptr_t handle,
                                 ucp_worker_h *worker, size_t *max_am_header);
 ucs_status_t shim_mem_map(ucp_context_h context, size_t length,
                           ucp_mem_h *memh, void **address);
+void shim_mem_unmap(ucp_context_h context, ucp_mem_h memh, void *address,
+                    size_t length);
 ucs_status_t shim_listen(ucp_worker_h worker, const char *ip, uint16_t port,
                          uintptr_t handle, ucp_listener_h *listener,
                          uint16_t *bound_port);

@@ -14,10 +14,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"runtime"
 	"runtime/cgo"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -55,6 +57,12 @@ type worker struct {
 	uw        C.ucp_worker_h
 	self      cgo.Handle // the AM handler's and the listener's argument
 	efd, epfd int
+	// epoll is epfd in Go's netpoller: the worker sleeps parked on it, so
+	// that its thread's P goes to other goroutines at once (a blocking
+	// epoll_wait would hold the P until sysmon takes it back, delaying
+	// the goroutines the worker just woke).
+	epoll     *os.File
+	epollConn syscall.RawConn
 	listener  C.ucp_listener_h
 	src       dtl.Source
 	eps       map[C.ucp_ep_h]*endpoint
@@ -149,6 +157,14 @@ func (w *worker) init() error {
 		return statusErr("ucp_config_read", st)
 	}
 	defer C.ucp_config_release(cfg)
+	for _, d := range ucxDefaults {
+		if d.set() {
+			continue
+		}
+		if err := configModify(cfg, d.name, d.value); err != nil {
+			w.log.Debug("cannot change a UCX default", "option", d.name, "err", err)
+		}
+	}
 	for k, v := range w.t.tun.ucx {
 		if err := configModify(cfg, k, v); err != nil {
 			return err
@@ -183,6 +199,14 @@ func (w *worker) init() error {
 			return fmt.Errorf("ucx transport: epoll_ctl: %w", err)
 		}
 	}
+	// Non-blocking, so that os.NewFile puts it in the netpoller.
+	if err := unix.SetNonblock(w.epfd, true); err != nil {
+		return fmt.Errorf("ucx transport: epoll fd: %w", err)
+	}
+	w.epoll = os.NewFile(uintptr(w.epfd), "ucx-epoll")
+	if w.epollConn, err = w.epoll.SyscallConn(); err != nil {
+		return fmt.Errorf("ucx transport: epoll fd: %w", err)
+	}
 	tun := w.t.tun
 	if w.sendPool, err = newPool(w.uctx, tun.chunk, tun.sendSlots); err != nil {
 		return err
@@ -191,6 +215,35 @@ func (w *worker) init() error {
 		return err
 	}
 	return nil
+}
+
+// ucxDefault is a UCX option dyadfs needs otherwise than UCX's default,
+// applied unless the environment sets it (or an option it inherits from).
+type ucxDefault struct {
+	name, value string
+	env         []string
+}
+
+var ucxDefaults = []ucxDefault{
+	// A daemon restarted on its address must listen there again at once,
+	// while connections of its last life linger in TIME_WAIT (Go's
+	// listeners set SO_REUSEADDR too).
+	{"CM_REUSEADDR", "y", []string{"UCX_CM_REUSEADDR", "UCX_TCP_CM_REUSEADDR"}},
+	// Endpoints handle peer failures (UCP_ERR_HANDLING_MODE_PEER), and UCX
+	// 1.13 gives such endpoints its shared memory transports only when
+	// these expose error handling (keepalive): without this, daemons of
+	// one host would talk over TCP loopback.
+	{"MM_ERROR_HANDLING", "y", []string{"UCX_MM_ERROR_HANDLING", "UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING"}},
+}
+
+// set reports whether the environment sets the option.
+func (d ucxDefault) set() bool {
+	for _, e := range d.env {
+		if _, ok := os.LookupEnv(e); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // configModify sets one UCX option (tests pick transports this way).
@@ -233,7 +286,9 @@ func (w *worker) cleanup() {
 	if w.self != 0 {
 		w.self.Delete()
 	}
-	if w.epfd >= 0 {
+	if w.epoll != nil {
+		w.epoll.Close()
+	} else if w.epfd >= 0 {
 		unix.Close(w.epfd)
 	}
 	w.wakeMu.Lock()
@@ -330,10 +385,18 @@ func (w *worker) loop() {
 		default:
 			w.log.Error("ucp_worker_arm failed", "err", statusErr("ucp_worker_arm", st))
 		}
-		timeout := int(time.Until(w.nextTick)/time.Millisecond) + 1
-		n, err := unix.EpollWait(w.epfd, events, timeout)
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			w.log.Error("epoll_wait failed", "err", err)
+		w.sleep(events)
+	}
+}
+
+// sleep parks the worker until the armed UCX worker or the wake eventfd
+// has an event, or the next tick.
+func (w *worker) sleep(events []unix.EpollEvent) {
+	w.epoll.SetReadDeadline(w.nextTick)
+	err := w.epollConn.Read(func(fd uintptr) bool {
+		n, err := unix.EpollWait(int(fd), events, 0)
+		if err != nil {
+			return !errors.Is(err, unix.EINTR)
 		}
 		for i := 0; i < n; i++ {
 			if int(events[i].Fd) == w.wakefd {
@@ -341,6 +404,10 @@ func (w *worker) loop() {
 				unix.Read(w.wakefd, b[:])
 			}
 		}
+		return n > 0
+	})
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		w.log.Error("waiting for UCX events failed", "err", err)
 	}
 }
 
@@ -586,4 +653,17 @@ func (w *worker) exit() {
 // statusErr describes a UCX failure.
 func statusErr(op string, st C.ucs_status_t) error {
 	return &StatusError{Op: op, Status: int(st), Text: C.GoString(C.ucs_status_string(st))}
+}
+
+// createListener opens the UCP listener on ip:port and returns the port
+// it got.
+func (w *worker) createListener(ip string, port uint16) (uint16, error) {
+	cip := C.CString(ip)
+	defer C.free(unsafe.Pointer(cip))
+	var bound C.uint16_t
+	if st := C.shim_listen(w.uw, cip, C.uint16_t(port), C.uintptr_t(w.self), &w.listener, &bound); st != C.UCS_OK {
+		w.listener = nil
+		return 0, statusErr("ucp_listener_create", st)
+	}
+	return uint16(bound), nil
 }
