@@ -71,6 +71,9 @@ type Handle struct {
 	mu      sync.Mutex
 	closing bool
 	closed  atomic.Bool
+	// failed says that the reactor stopped on an error of the
+	// connection, not by Close.
+	failed atomic.Bool
 
 	// Owned by the reactor thread.
 	h       *C.flux_t
@@ -140,7 +143,11 @@ func (h *Handle) loop(uri string, started chan<- error) {
 	defer C.flux_watcher_destroy(w)
 	C.flux_watcher_start(w)
 	started <- nil
-	C.flux_reactor_run(h.r, 0)
+	if rc := C.flux_reactor_run(h.r, 0); rc < 0 {
+		// The connection failed (the broker died, say): every call
+		// from now on fails with ErrClosed.
+		h.failed.Store(true)
+	}
 	// Stopped by Close: what is still pending fails.
 	for p := range h.pending {
 		p.fail(ErrClosed)

@@ -180,6 +180,10 @@ func (h *Handle) ListDir(ctx context.Context, ns, dir string) ([]string, error) 
 // channel, until ctx ends or the key is removed (then the channel closes
 // after an event whose Err matches ErrNotFound). Events that the reader
 // does not take in time are dropped but for the newest.
+//
+// The namespace must exist: flux-core 0.88's kvs-watch module aborts its
+// broker when several watches wait for a namespace that does not exist
+// yet.
 func (h *Handle) Watch(ctx context.Context, ns, key string) (<-chan WatchEvent, error) {
 	events := make(chan WatchEvent, 1)
 	var p *pendingFuture

@@ -263,7 +263,7 @@ func (t *Transport) fetch(ctx context.Context, op *clientOp, dst *os.File) (info
 	defer stall.Stop()
 	var (
 		evs     []opEvent
-		st      fetchState
+		st      = fetchState{size: -1, total: -1}
 		done    bool
 		handled int
 	)
@@ -301,14 +301,10 @@ type fetchState struct {
 	written   int64
 	size      int64 // the size the owner gave with its chunks (-1 before any)
 	total     int64 // from the end message (-1 before it)
-	started   bool
 }
 
 // apply takes one event; done reports the fetch finished.
 func (s *fetchState) apply(t *Transport, ev opEvent, dst *os.File) (done, stale bool, err error) {
-	if !s.started {
-		s.size, s.total, s.started = -1, -1, true
-	}
 	switch ev.kind {
 	case evFail:
 		return false, ev.stale, ev.err
@@ -404,8 +400,11 @@ func resolve(ctx context.Context, addr string, listen bool) (netip.AddrPort, err
 	ip, err := netip.ParseAddr(host)
 	if err != nil {
 		ips, lerr := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
-		if lerr != nil || len(ips) == 0 {
+		if lerr != nil {
 			return netip.AddrPort{}, fmt.Errorf("host %q: %w", host, lerr)
+		}
+		if len(ips) == 0 {
+			return netip.AddrPort{}, fmt.Errorf("host %q has no address", host)
 		}
 		ip = ips[0]
 		for _, a := range ips {
@@ -553,9 +552,9 @@ func (w *worker) onData(e *endpoint, h header, desc unsafe.Pointer, n int64) C.u
 		w.later = append(w.later, func() {
 			if e.ops[op.id] == op {
 				w.failOp(e, op, fmt.Errorf("ucx transport: %s: %w", e.addr, err))
-				w.cancelOp(op)
 			}
 		})
+		// The owner's request fails with this: it stops the transfer.
 		return C.UCS_ERR_INVALID_PARAM
 	}
 	op.answered = true
@@ -575,13 +574,8 @@ func (w *worker) clientHandle(e *endpoint, h header, p []byte) {
 			w.protocolError(e, protoErr("unexpected ready"))
 			return
 		}
-		e.state = stReady
 		w.t.stats.dials.Add(1)
-		waiting := e.waiting
-		e.waiting = nil
-		for _, op := range waiting {
-			w.request(e, op)
-		}
+		w.ready(e)
 		return
 	case tError:
 		err := refusal(h.code, h.a, cut(string(p)))
@@ -644,6 +638,16 @@ func (w *worker) clientHandle(e *endpoint, h header, p []byte) {
 		w.settle(e, op, opEvent{kind: evReply, data: p})
 	default:
 		w.protocolError(e, protoErr("unexpected %v message", h.typ))
+	}
+}
+
+// ready opens an authenticated endpoint to requests.
+func (w *worker) ready(e *endpoint) {
+	e.state = stReady
+	waiting := e.waiting
+	e.waiting = nil
+	for _, op := range waiting {
+		w.request(e, op)
 	}
 }
 

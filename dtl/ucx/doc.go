@@ -1,13 +1,15 @@
 // Package ucx is dyadfs's UCX data transport (--dtl ucx): DYAD's UCX
 // backend done again over libucp, so that the same binary moves files over
-// RDMA on InfiniBand or RoCE, over TCP elsewhere, and through shared
-// memory between daemons of one host. UCX picks the wires; its own
-// environment (UCX_TLS, UCX_NET_DEVICES, UCX_RNDV_THRESH, ...) passes
-// through untouched. Besides files it carries daemons' small messages
-// (dtl.Messenger).
+// RDMA on InfiniBand or RoCE and over TCP elsewhere. UCX picks the wires;
+// its own environment (UCX_TLS, UCX_NET_DEVICES, UCX_RNDV_THRESH, ...)
+// passes through untouched. The one default changed, unless the
+// environment sets it, is UCX_CM_REUSEADDR=y, so that a restarted daemon
+// listens on its address again at once. Besides files it carries daemons'
+// small messages (dtl.Messenger).
 //
-// It is built only with the ucx build tag and Debian's libucx-dev
-// (pkg-config ucx): go build -tags ucx. Without the tag, New says so.
+// It is built only with the ucx build tag and UCX 1.13 or newer (Debian's
+// libucx-dev, pkg-config ucx): go build -tags ucx. Without the tag, New
+// says so.
 //
 // # Addresses
 //
@@ -21,8 +23,9 @@
 // One goroutine, locked to its OS thread, owns the UCP context, worker,
 // listener, endpoints and registered buffers, and is the only one to call
 // libucp (worker.go). It progresses the worker while there is work and
-// otherwise sleeps in epoll on the worker's event fd (ucp_worker_arm) and
-// an eventfd other goroutines write to wake it. Everything else (Fetch and
+// otherwise arms it (ucp_worker_arm) and parks on an epoll set holding the
+// worker's event fd and an eventfd other goroutines write to wake it (in
+// Go's netpoller, so that its thread gives its P up while it sleeps). Everything else (Fetch and
 // Message callers, the goroutines that read served files, message
 // handlers) talks to it through a channel of commands. UCX's callbacks
 // reach Go through runtime/cgo.Handle (callbacks.go) and only queue work
@@ -51,6 +54,19 @@
 // rendezvous active messages rather than eager ones, tagged messages or
 // put with rkey exchange is in bench_test.go, with the numbers.
 //
+// # Shared memory
+//
+// UCX 1.13 (Debian 12) gives no shared memory lanes to client-server
+// endpoints that handle peer failures: posix and sysv do not report peer
+// failures unless UCX_MM_ERROR_HANDLING=y, and even then the rendezvous
+// data of such endpoints goes over TCP. Daemons of one host with
+// UCX_TLS=sm,tcp (or cma,tcp) therefore work, over TCP loopback; with
+// UCX_TLS=sm alone UCX cannot connect by sockaddr at all. An endpoint made
+// from the peer's worker address does get shared memory, for active
+// messages only: moving sessions to one was tried and measured slower
+// here (rendezvous then travels in 8 KiB fragments, a wakeup each), so
+// this package does not.
+//
 // # Failures
 //
 // Endpoints are created with UCP_ERR_HANDLING_MODE_PEER and an error
@@ -66,7 +82,8 @@
 // side, its data has been written out (I2). Callbacks find their Go object
 // through a cgo.Handle deleted when the request's (or the endpoint's) last
 // callback has fired (I3, I4). The active message handler stays registered
-// for the worker's life, and a rendezvous descriptor that finds no free
-// buffer waits, holding its sender back, until one is free; it is never
-// dropped while its endpoint lives (I5).
+// for the worker's life, and a rendezvous descriptor of a live transfer
+// that finds no free buffer waits, holding its sender back, until one is
+// free; once held it is received even if its Fetch gives up meanwhile, so
+// that its sender's request completes normally (I5).
 package ucx

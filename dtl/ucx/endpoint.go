@@ -13,6 +13,7 @@ import (
 	"net"
 	"runtime/cgo"
 	"time"
+	"unsafe"
 
 	"github.com/dyadfs/dyadfs/dtl"
 )
@@ -71,7 +72,10 @@ func (w *worker) newEndpoint(client bool, addr string, handshake time.Duration) 
 // accept makes an endpoint for a connection request of the listener, or
 // rejects it when closing or when too many peers are authenticating.
 func (w *worker) accept(req C.ucp_conn_request_h) {
-	if w.closing || w.listener == nil {
+	if w.listener == nil {
+		return // closed: UCX rejects what it still holds
+	}
+	if w.closing {
 		C.ucp_listener_reject(w.listener, req)
 		return
 	}
@@ -198,4 +202,19 @@ func (w *worker) closeEP(e *endpoint, err error, force bool) {
 	}
 	st := C.shim_ep_close(ep, f, C.uintptr_t(hd))
 	w.started("ucp_ep_close_nbx", st, hd, r)
+}
+
+// epInfo describes the endpoint to addr, its lanes included (for tests
+// and debugging).
+func (w *worker) epInfo(addr string) string {
+	e := w.peers[addr]
+	if e == nil {
+		return ""
+	}
+	p := C.shim_ep_info(e.ep)
+	if p == nil {
+		return ""
+	}
+	defer C.free(unsafe.Pointer(p))
+	return C.GoString(p)
 }

@@ -13,9 +13,9 @@ import (
 	"unsafe"
 )
 
-// pool is a set of equal slots of memory registered with UCX (one
-// mapping and one ucp_mem_map of them all), each with room for one message header, and a
-// ring of the free ones. Any goroutine takes a slot from the ring and
+// pool is a set of equal slots of memory registered with UCX (one mmap
+// and one ucp_mem_map of them all), each with room for one message
+// header, and a ring of the free ones. Any goroutine takes a slot from the ring and
 // gives it back; only the worker maps and unmaps the memory, once, after
 // every goroutine that could touch it has returned (Transport.Close).
 //

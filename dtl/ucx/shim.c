@@ -13,6 +13,12 @@
 #include "shim.h"
 #include "_cgo_export.h"
 
+// ucp_am_recv_data_nbx, ucp_conn_request_query and memory handles in
+// request parameters are what this needs of UCX's API.
+#if UCP_API_VERSION < UCP_VERSION(1, 13)
+#error "dyadfs's UCX transport needs UCX 1.13 or newer"
+#endif
+
 // The one active message id dyadfs uses; the message type is in the header.
 #define SHIM_AM_ID 1
 
@@ -210,6 +216,21 @@ ucs_status_t shim_connect(ucp_worker_h worker, const char *ip, uint16_t port,
     params.sockaddr.addrlen = len;
     ep_params_common(&params, handle);
     return ucp_ep_create(worker, &params, ep);
+}
+
+// shim_ep_info describes an endpoint's configuration, its lanes included,
+// in malloc'd text (for tests and debugging), or NULL.
+char *shim_ep_info(ucp_ep_h ep)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (f == NULL) {
+        return NULL;
+    }
+    ucp_ep_print_info(ep, f);
+    fclose(f);
+    return buf;
 }
 
 ucs_status_t shim_accept(ucp_worker_h worker, ucp_conn_request_h request,

@@ -24,6 +24,7 @@ ucs_status_t shim_listen(ucp_worker_h worker, const char *ip, uint16_t port,
                          uint16_t *bound_port);
 ucs_status_t shim_connect(ucp_worker_h worker, const char *ip, uint16_t port,
                           uintptr_t handle, ucp_ep_h *ep);
+char *shim_ep_info(ucp_ep_h ep);
 ucs_status_t shim_accept(ucp_worker_h worker, ucp_conn_request_h request,
                          uintptr_t handle, ucp_ep_h *ep);
 int shim_conn_request_peer(ucp_conn_request_h request, char *buf, size_t len);

@@ -10,6 +10,9 @@ import (
 	"github.com/dyadfs/dyadfs/dtl"
 )
 
+// Built tells whether this binary was built with UCX (the ucx build tag).
+const Built = false
+
 // ErrNotBuilt is what New returns in a build without UCX.
 var ErrNotBuilt = errors.New("transport ucx: dyadfs was built without UCX; install libucx-dev (Debian: apt-get install libucx-dev) and build with -tags ucx")
 

@@ -86,7 +86,8 @@ type worker struct {
 // own completion, never reused (invariant I1). Its cgo.Handle is deleted
 // when it completes.
 type request struct {
-	w *worker
+	w  *worker
+	op string // the call that started it, for errors
 	// cmem is C memory the operation reads (a message's header and
 	// payload), freed when it completes; nil if it has none.
 	cmem unsafe.Pointer
@@ -108,7 +109,8 @@ type pendingData struct {
 
 const (
 	// tick is how often the worker looks for idle endpoints and expired
-	// handshakes, at most; it sleeps otherwise.
+	// handshakes while it has endpoints (with none, it sleeps until
+	// something happens).
 	tick = 250 * time.Millisecond
 	// exitWait bounds how long Close waits for UCX to complete requests
 	// of endpoints it closed.
@@ -229,11 +231,6 @@ var ucxDefaults = []ucxDefault{
 	// while connections of its last life linger in TIME_WAIT (Go's
 	// listeners set SO_REUSEADDR too).
 	{"CM_REUSEADDR", "y", []string{"UCX_CM_REUSEADDR", "UCX_TCP_CM_REUSEADDR"}},
-	// Endpoints handle peer failures (UCP_ERR_HANDLING_MODE_PEER), and UCX
-	// 1.13 gives such endpoints its shared memory transports only when
-	// these expose error handling (keepalive): without this, daemons of
-	// one host would talk over TCP loopback.
-	{"MM_ERROR_HANDLING", "y", []string{"UCX_MM_ERROR_HANDLING", "UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING"}},
 }
 
 // set reports whether the environment sets the option.
@@ -246,7 +243,7 @@ func (d ucxDefault) set() bool {
 	return false
 }
 
-// configModify sets one UCX option (tests pick transports this way).
+// configModify sets one UCX option of the context to be created.
 func configModify(cfg *C.ucp_config_t, name, value string) error {
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
@@ -353,9 +350,10 @@ func (w *worker) releaseRecv(slot int) {
 	}
 }
 
-// loop progresses the worker while there is work, and otherwise sleeps in
-// epoll on UCX's event fd (armed) and the wake eventfd, until a deadline
-// of housekeeping. Completion is only ever learnt from UCX's callbacks.
+// loop progresses the worker while there is work, and otherwise arms it
+// and sleeps until UCX's event fd or the wake eventfd has an event (or
+// housekeeping is due). Completion is only ever learnt from UCX's
+// callbacks, never by polling on a timer.
 func (w *worker) loop() {
 	events := make([]unix.EpollEvent, 4)
 	for {
@@ -390,9 +388,13 @@ func (w *worker) loop() {
 }
 
 // sleep parks the worker until the armed UCX worker or the wake eventfd
-// has an event, or the next tick.
+// has an event, or the next tick if there is anything to look after.
 func (w *worker) sleep(events []unix.EpollEvent) {
-	w.epoll.SetReadDeadline(w.nextTick)
+	var deadline time.Time // none
+	if len(w.eps) > 0 || w.exiting {
+		deadline = w.nextTick
+	}
+	w.epoll.SetReadDeadline(deadline)
 	err := w.epollConn.Read(func(fd uintptr) bool {
 		n, err := unix.EpollWait(int(fd), events, 0)
 		if err != nil {
@@ -435,6 +437,7 @@ func (w *worker) runLater() {
 // finished in place (or failed to start), no callback will come, and it
 // completes from the loop, never inside the caller.
 func (w *worker) started(op string, st C.ucs_status_t, h cgo.Handle, r *request) {
+	r.op = op
 	if st == C.UCS_INPROGRESS {
 		w.inflight++
 		w.nInFlight.Add(1)
@@ -454,7 +457,7 @@ func (w *worker) callbackDone(r *request, st C.ucs_status_t, n int64) {
 	w.nInFlight.Add(-1)
 	var err error
 	if st != C.UCS_OK {
-		err = statusErr("request", st)
+		err = statusErr(r.op, st)
 	}
 	w.later = append(w.later, func() { w.complete(r, err, n) })
 }

@@ -1,0 +1,172 @@
+//go:build ucx
+
+package ucx
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/dtl/dtltest"
+)
+
+// logBuf collects a transport's log lines.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func newSecret() []byte {
+	s := make([]byte, 32)
+	rand.Read(s)
+	return s
+}
+
+// wires are the UCX transports a test runs over (UCX_TLS): TCP, and what
+// a site sets for daemons of one host (shared memory, with TCP to connect;
+// UCX 1.13 then runs our endpoints over TCP loopback, see doc.go).
+var wires = map[string]string{
+	"tcp": "tcp",
+	"shm": "sm,tcp",
+}
+
+type opts struct {
+	node        string // default: "node-" and the test's name
+	tls         string // UCX_TLS; default tcp
+	stall, dial time.Duration
+	listen      string
+	advertise   string
+	ucx         map[string]string // more UCX options
+	tune        func(*tuning)
+}
+
+// testTransport returns a transport on 127.0.0.1:0, closed at the end of
+// the test, and its log.
+func testTransport(t testing.TB, secret []byte, o opts) (*Transport, *logBuf) {
+	t.Helper()
+	cfg := dtl.DefaultConfig()
+	cfg.Node = "node-" + t.Name()
+	if len(cfg.Node) > maxNode {
+		cfg.Node = cfg.Node[:maxNode]
+	}
+	if o.node != "" {
+		cfg.Node = o.node
+	}
+	cfg.Listen = "127.0.0.1:0"
+	if o.listen != "" {
+		cfg.Listen = o.listen
+	}
+	cfg.Advertise = o.advertise
+	cfg.Secret = secret
+	if o.stall > 0 {
+		cfg.StallTimeout = o.stall
+	}
+	if o.dial > 0 {
+		cfg.DialTimeout = o.dial
+	}
+	lb := &logBuf{}
+	cfg.Log = slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	tun := defaultTuning()
+	tun.ucx = map[string]string{"TLS": "tcp"}
+	if o.tls != "" {
+		tun.ucx["TLS"] = o.tls
+	}
+	for k, v := range o.ucx {
+		tun.ucx[k] = v
+	}
+	if o.tune != nil {
+		o.tune(&tun)
+	}
+	tr, err := newTransport(cfg, tun)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		tr.Close()
+		if t.Failed() {
+			t.Logf("log of %s:\n%s", cfg.Node, lb)
+		}
+	})
+	return tr, lb
+}
+
+func ctxFor(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// served is a server on a fresh dtltest.Source.
+func served(t testing.TB, secret []byte, o opts) (*Transport, *dtltest.Source, *logBuf) {
+	t.Helper()
+	server, lb := testTransport(t, secret, o)
+	src := dtltest.NewSource(t.TempDir())
+	if err := server.Serve(src); err != nil {
+		t.Fatal(err)
+	}
+	return server, src, lb
+}
+
+// TestSmoke fetches a small and a chunked file on each wire, and shows
+// the lanes UCX chose (go test -v).
+func TestSmoke(t *testing.T) {
+	for name, tls := range wires {
+		t.Run(name, func(t *testing.T) {
+			s := newSecret()
+			server, src, _ := served(t, s, opts{tls: tls})
+			client, _ := testTransport(t, s, opts{tls: tls})
+			data := make([]byte, 5<<20+3)
+			rand.Read(data)
+			src.WriteFile("big", data)
+			src.WriteFile("small", []byte("hello"))
+			for _, p := range []string{"small", "big", "small"} {
+				dst := dtltest.Dst(t)
+				start := time.Now()
+				info, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: p}, dst)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, _ := os.ReadFile(dst.Name())
+				want, _ := os.ReadFile(src.Root() + "/" + p)
+				if !bytes.Equal(got, want) {
+					t.Fatalf("%s differs", p)
+				}
+				t.Logf("%s: %d bytes in %v", p, info.Size, time.Since(start))
+			}
+			t.Logf("client %+v", client.Stats())
+			t.Logf("server %+v", server.Stats())
+			t.Logf("the endpoint UCX made:\n%s", client.endpointInfo(server.Addr()))
+		})
+	}
+}
+
+func TestConformance(t *testing.T) {
+	for name, tls := range wires {
+		t.Run(name, func(t *testing.T) {
+			dtltest.Run(t, func(t *testing.T) (dtl.Transport, dtl.Transport) {
+				s := newSecret()
+				server, _ := testTransport(t, s, opts{tls: tls})
+				client, _ := testTransport(t, s, opts{tls: tls})
+				return server, client
+			})
+		})
+	}
+}

@@ -1,0 +1,90 @@
+//go:build flux
+
+package flux_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dyadfs/dyadfs/flux"
+	"github.com/dyadfs/dyadfs/flux/fluxtest"
+	"github.com/dyadfs/dyadfs/hfl/store"
+	fluxstore "github.com/dyadfs/dyadfs/hfl/store/flux"
+	"github.com/dyadfs/dyadfs/hfl/store/storetest"
+)
+
+func handle(t *testing.T, uri string) *flux.Handle {
+	t.Helper()
+	h, err := flux.Open(uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+func open(t *testing.T, h *flux.Handle, name string) *fluxstore.Store {
+	t.Helper()
+	cfg := fluxstore.DefaultConfig(name)
+	cfg.Prefix = name + "-"
+	s, err := fluxstore.Open(context.Background(), h, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestFluxStoreConformance runs the store conformance suite on the Flux
+// KVS, with the store on rank 1 and the serializer on rank 0: every write
+// crosses the overlay, every read is rank 1's.
+func TestFluxStoreConformance(t *testing.T) {
+	in := fluxtest.Start(t, 2)
+	h0, h1 := handle(t, in.URIs[0]), handle(t, in.URIs[1])
+	var n atomic.Int64
+	storetest.Run(t, func(t *testing.T) store.Store {
+		name := fmt.Sprintf("t%d", n.Add(1))
+		ser := open(t, h0, name)
+		t.Cleanup(func() { ser.Close() })
+		return open(t, h1, name)
+	})
+}
+
+// TestFluxRegistrationOfADeadDaemon: a value a daemon registered is gone
+// once its Flux handle is (the daemon exited or was killed), without any
+// TTL to wait for; one registered by a live daemon stays.
+func TestFluxRegistrationOfADeadDaemon(t *testing.T) {
+	in := fluxtest.Start(t, 3)
+	h0 := handle(t, in.URIs[0])
+	ser := open(t, h0, "reg")
+	defer ser.Close()
+	ctx := context.Background()
+	for _, rank := range []int{1, 2} {
+		h, err := flux.Open(in.URIs[rank])
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := open(t, h, "reg")
+		if err := s.Register(ctx, fmt.Sprintf("job/nodes/n%d", rank), []byte("here"), time.Minute, nil); err != nil {
+			t.Fatal(err)
+		}
+		if rank == 2 {
+			h.Close() // dies without withdrawing: its service goes with its handle
+		} else {
+			t.Cleanup(func() { s.Close(); h.Close() })
+		}
+	}
+	if v, err := ser.Get(ctx, "job/nodes/n1"); err != nil || string(v) != "here" {
+		t.Fatalf("a live daemon's registration: %q, %v", v, err)
+	}
+	start := time.Now()
+	if _, err := ser.Get(ctx, "job/nodes/n2"); !errors.Is(err, store.ErrNotFound) || time.Since(start) > 5*time.Second {
+		t.Fatalf("a dead daemon's registration: %v after %v, want ErrNotFound at once", err, time.Since(start))
+	}
+	if m, err := ser.List(ctx, "job/nodes/"); err != nil || len(m) != 1 {
+		t.Fatalf("list: %v, %v; want only the live one", m, err)
+	}
+}
