@@ -66,8 +66,12 @@ func newNetns(t *testing.T) *netns {
 // the veth's ends (as a site would pin the fabric) and once with UCX left
 // to choose among every interface, each side's loopback included.
 func TestNetns(t *testing.T) {
-	for _, restrict := range []bool{true, false} {
-		t.Run(fmt.Sprintf("net_devices=%v", restrict), func(t *testing.T) {
+	for _, c := range []struct {
+		restrict bool
+		enter    string // how the owner enters the namespace
+	}{{true, "ip-netns-exec"}, {false, "ip-netns-exec"}, {false, "nsenter"}} {
+		t.Run(fmt.Sprintf("net_devices=%v/%s", c.restrict, c.enter), func(t *testing.T) {
+			restrict := c.restrict
 			n := newNetns(t)
 			s := newSecret()
 			env := []string{"UCX_TLS=tcp"}
@@ -76,7 +80,14 @@ func TestNetns(t *testing.T) {
 				env = append(env, "UCX_NET_DEVICES=eth0")
 				o.ucx = map[string]string{"NET_DEVICES": n.hostIf}
 			}
-			h := startHelper(t, s, n.nsIP+":0", env, "ip", "netns", "exec", n.name)
+			// ip netns exec also mounts the namespace's /sys (where UCX
+			// reads its devices); nsenter, as dyadfs's cluster tests
+			// use it, does not.
+			enter := []string{"ip", "netns", "exec", n.name}
+			if c.enter == "nsenter" {
+				enter = []string{"nsenter", "--net=/run/netns/" + n.name, "--"}
+			}
+			h := startHelper(t, s, n.nsIP+":0", env, enter...)
 			if !strings.HasPrefix(h.addr, n.nsIP+":") {
 				t.Fatalf("the owner advertises %s, want %s", h.addr, n.nsIP)
 			}
