@@ -60,6 +60,9 @@ func TestMain(m *testing.M) {
 		if raceEnabled {
 			args = append(args, "-race")
 		}
+		if buildTags != "" {
+			args = append(args, "-tags", buildTags)
+		}
 		out, err := exec.Command("go", append(args, "github.com/dyadfs/dyadfs/cmd/dyadfs")...).CombinedOutput()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "build dyadfs: %v\n%s", err, out)

@@ -35,6 +35,10 @@ type mountConfig struct {
 	FS      fs.Config
 	Locator hfl.LocatorConfig
 
+	// nodeFromRank makes the node id the Flux broker's rank (a Flux
+	// store and no --node).
+	nodeFromRank bool
+
 	// Transport settings, used when the store is shared between nodes.
 	DTL          string
 	Transport    dtl.Config
@@ -99,6 +103,8 @@ func defaultMountConfig() (mountConfig, error) {
 		}
 		return err
 	})
+	// Inside a Flux job the store is Flux's KVS, unless told otherwise.
+	env("FLUX_URI", func(string) error { c.StoreURL = fluxURL; return nil })
 	env("DYADFS_STORE", func(v string) error { c.StoreURL = v; return nil })
 	env("DYADFS_LOG_LEVEL", func(v string) error { return c.LogLevel.UnmarshalText([]byte(v)) })
 	if len(errs) > 0 {
@@ -126,8 +132,8 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 	f.Usage = func() {} // help goes to stdout through runHelp
 	v := &mountFlagValues{logLevel: strings.ToLower(c.LogLevel.String()), flags: f}
 	f.StringVar(&c.DMD.Backing, "backing", c.DMD.Backing, "node-local `DIR` that stores the managed directory's files (required)")
-	f.StringVar(&c.DMD.Node, "node", c.DMD.Node, "this node's `ID`, the owner of the files it publishes")
-	f.StringVar(&c.StoreURL, "store", c.StoreURL, "metadata store `URL`: embedded:// (single node) or etcd://host:port[,host:port...]")
+	f.StringVar(&c.DMD.Node, "node", c.DMD.Node, "this node's `ID`, the owner of the files it publishes (default: the hostname; with a Flux store, the broker's rank)")
+	f.StringVar(&c.StoreURL, "store", c.StoreURL, "metadata store `URL`: embedded:// (single node), etcd://host:port[,host:port...], or flux:// (the Flux KVS of the instance FLUX_URI names; the default inside a Flux job)")
 	f.StringVar(&c.Locator.Namespace, "namespace", c.Locator.Namespace, "job `NAME` that scopes metadata keys (DYAD_KVS_NAMESPACE)")
 	f.IntVar(&c.Locator.KeyDepth, "key-depth", c.Locator.KeyDepth, "levels of the hashed metadata key (DYAD_KEY_DEPTH)")
 	f.IntVar(&c.Locator.KeyBins, "key-bins", c.Locator.KeyBins, "bins per level of the hashed metadata key (DYAD_KEY_BINS)")
@@ -136,7 +142,7 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 	f.DurationVar(&c.DMD.CloseWait, "publish-wait", c.DMD.CloseWait, "with other nodes, a writer's close publishes the file and fails if the store refuses it (ENOSPC when full, EACCES when denied) or does not answer within this time (EIO); 0: close returns at once and the publish follows (DYAD_ASYNC_PUBLISH)")
 	f.BoolVar(&c.DMD.FsyncOnPublish, "fsync-on-publish", c.DMD.FsyncOnPublish, "make file data durable before publishing it (DYAD_FSYNC_WRITE)")
 	f.BoolVar(&c.DMD.SharedStorage, "shared-storage", c.DMD.SharedStorage, "all nodes see the same backing storage: wait for records, never transfer (DYAD_SHARED_STORAGE)")
-	f.StringVar(&c.DTL, "dtl", c.DTL, "data `TRANSPORT` between nodes: tcp (DYAD_DTL_MODE)")
+	f.StringVar(&c.DTL, "dtl", c.DTL, "data `TRANSPORT` between nodes: tcp, or flux (Flux RPC through the brokers) (DYAD_DTL_MODE: TCP, FLUX_RPC)")
 	f.StringVar(&c.Transport.Listen, "listen", c.Transport.Listen, "`HOST:PORT` the transport serves files on")
 	f.StringVar(&c.Transport.Advertise, "advertise", "", "`HOST:PORT` other nodes reach the transport at (default: the listen address, or this node's first non-loopback address)")
 	f.StringVar(&c.SecretFile, "secret-file", "", "`FILE` holding the job secret that authenticates nodes (default: generated and kept in the store, per namespace)")
@@ -197,6 +203,9 @@ func (v *mountFlagValues) finish(c *mountConfig, args []string) error {
 		return fail(exitUsage, fmt.Sprintf("--store: %v", err))
 	}
 	c.Locator.SingleNode = singleNode(c.StoreURL)
+	if u, _ := parseStoreURL(c.StoreURL); u.scheme == "flux" && !v.flags.Changed("node") {
+		c.nodeFromRank = true
+	}
 	if err := c.Locator.Validate(); err != nil {
 		return fail(exitUsage, err.Error())
 	}
@@ -227,10 +236,11 @@ func (v *mountFlagValues) finish(c *mountConfig, args []string) error {
 }
 
 // dtlNames maps DYAD's DYAD_DTL_MODE values and dyadfs's names to backends.
-var dtlNames = map[string]string{"tcp": "tcp", "ucx": "ucx", "flux_rpc": "flux-rpc", "flux-rpc": "flux-rpc", "margo": "margo"}
+var dtlNames = map[string]string{"tcp": "tcp", "ucx": "ucx", "flux_rpc": "flux", "flux-rpc": "flux", "flux": "flux", "margo": "margo"}
 
-// availableDTL lists the transports built into this binary.
-var availableDTL = []string{"tcp"}
+// availableDTL lists the transports this binary has (flux answers "built
+// without Flux" at mount time in a build without it).
+var availableDTL = []string{"tcp", "flux"}
 
 func (c *mountConfig) finishTransport(flags *pflag.FlagSet) error {
 	name, ok := dtlNames[strings.ToLower(c.DTL)]

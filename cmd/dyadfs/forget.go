@@ -54,7 +54,9 @@ func runForget(args []string, stdout io.Writer) error {
 		return fail(exitUsage, "the embedded store forgets everything when its daemon unmounts: nothing to do")
 	}
 	ctx := context.Background()
-	s, err := openStore(ctx, *url)
+	var fx fluxConn
+	defer fx.Close()
+	s, err := openStore(ctx, *url, *ns, &fx, true)
 	if err != nil {
 		return fail(exitStore, fmt.Sprintf("metadata store: %v", err))
 	}

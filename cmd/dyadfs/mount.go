@@ -262,14 +262,25 @@ func serve(c *mountConfig, ready func(error)) (err error) {
 	// and fetcher over them, the scan of what the backing directory
 	// holds, then serving peers, joining the job and mounting.
 	ctx := context.Background()
-	store, err := openStore(ctx, c.StoreURL)
+	var fx fluxConn
+	defer fx.Close()
+	if c.nodeFromRank {
+		// In a Flux instance, a node is its broker's rank.
+		h, err := fx.handle()
+		if err != nil {
+			return fail(exitStore, err.Error())
+		}
+		c.DMD.Node = strconv.FormatUint(uint64(h.Rank()), 10)
+		c.Transport.Node = c.DMD.Node
+	}
+	store, err := openStore(ctx, c.StoreURL, c.Locator.Namespace, &fx, false)
 	if err != nil {
 		return fail(exitStore, fmt.Sprintf("metadata store: %v", err))
 	}
 	defer store.Close()
 	var transport dtl.Transport
 	if sharesFiles(c) {
-		if transport, err = openTransport(ctx, c, store, log); err != nil {
+		if transport, err = openTransport(ctx, c, store, &fx, log); err != nil {
 			return err
 		}
 	} else if c.DMD.SharedStorage {

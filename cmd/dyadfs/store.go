@@ -8,6 +8,7 @@ import (
 	"github.com/dyadfs/dyadfs/hfl/store"
 	"github.com/dyadfs/dyadfs/hfl/store/embedded"
 	"github.com/dyadfs/dyadfs/hfl/store/etcd"
+	fluxstore "github.com/dyadfs/dyadfs/hfl/store/flux"
 )
 
 // embeddedURL names the in-process store of a daemon that runs alone.
@@ -43,10 +44,18 @@ func parseStoreURL(raw string) (storeURL, error) {
 		}
 		u.etcd = eps
 		return u, nil
+	case "flux":
+		if addr != "" {
+			return u, fmt.Errorf("metadata store %q: flux:// takes no address: it uses the broker that FLUX_URI names", raw)
+		}
+		return u, nil
 	default:
-		return u, fmt.Errorf("metadata store %q: unknown scheme %q (want %s or etcd://host:port[,host:port...])", raw, u.scheme, embeddedURL)
+		return u, fmt.Errorf("metadata store %q: unknown scheme %q (want %s, etcd://host:port[,host:port...] or flux://)", raw, u.scheme, embeddedURL)
 	}
 }
+
+// fluxURL names the Flux KVS of the instance the daemon runs in.
+const fluxURL = "flux://"
 
 // singleNode reports whether the store can only be seen by this daemon,
 // so that no other node can ask for a file.
@@ -55,8 +64,10 @@ func singleNode(raw string) bool {
 	return err == nil && u.scheme == "embedded"
 }
 
-// openStore opens the store named by raw.
-func openStore(ctx context.Context, raw string) (store.Store, error) {
+// openStore opens the store named by raw, for namespace's daemons (or,
+// with client, for a command that does not serve). fx is the connection
+// to Flux, used by the Flux store.
+func openStore(ctx context.Context, raw, namespace string, fx *fluxConn, client bool) (store.Store, error) {
 	u, err := parseStoreURL(raw)
 	if err != nil {
 		return nil, err
@@ -64,6 +75,18 @@ func openStore(ctx context.Context, raw string) (store.Store, error) {
 	switch u.scheme {
 	case "embedded":
 		return embedded.New(), nil
+	case "flux":
+		h, err := fx.handle()
+		if err != nil {
+			return nil, err
+		}
+		cfg := fluxstore.DefaultConfig(fluxService(namespace, ""))
+		cfg.Client = client
+		s, err := fluxstore.Open(ctx, h, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
 	case "etcd":
 		s, err := etcd.Open(ctx, etcd.DefaultConfig(u.etcd...))
 		if err != nil {

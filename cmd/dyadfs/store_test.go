@@ -7,7 +7,7 @@ import (
 )
 
 func TestStoreURLs(t *testing.T) {
-	good := []string{"", "embedded", "embedded://", "EMBEDDED://",
+	good := []string{"", "embedded", "embedded://", "EMBEDDED://", "flux://", "FLUX://",
 		"etcd://127.0.0.1:2379", "ETCD://h1:2379,h2:2379,h3:2379", "etcd://[::1]:2379", "etcd://etcd-0.etcd.svc:32379"}
 	for _, u := range good {
 		if _, err := parseStoreURL(u); err != nil {
@@ -16,7 +16,7 @@ func TestStoreURLs(t *testing.T) {
 	}
 	bad := []string{"embedded://host:1", "bogus://x", "redis://h:1",
 		"etcd://", "etcd", "etcd://h1", "etcd://h1:", "etcd://:2379", "etcd://h1:2379,", "etcd://h1:2379,,h2:2379",
-		"etcd://h1:0", "etcd://h1:70000", "etcd://h1:port", "etcd://http://h1:2379", "etcd://h1:2379/", "etcd://user@h1:2379", "etcds://h1:2379"}
+		"etcd://h1:0", "etcd://h1:70000", "etcd://h1:port", "etcd://http://h1:2379", "etcd://h1:2379/", "etcd://user@h1:2379", "etcds://h1:2379", "flux://local:///tmp/x"}
 	for _, u := range bad {
 		_, err := parseStoreURL(u)
 		if err == nil {
@@ -28,7 +28,7 @@ func TestStoreURLs(t *testing.T) {
 		}
 	}
 	for _, u := range []string{"", "embedded://"} {
-		s, err := openStore(context.Background(), u)
+		s, err := openStore(context.Background(), u, "job", &fluxConn{}, false)
 		if err != nil {
 			t.Fatalf("openStore(%q): %v", u, err)
 		}

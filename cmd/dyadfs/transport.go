@@ -8,17 +8,24 @@ import (
 	"time"
 
 	"github.com/dyadfs/dyadfs/dtl"
+	fluxdtl "github.com/dyadfs/dyadfs/dtl/flux"
 	"github.com/dyadfs/dyadfs/dtl/tcp"
 	"github.com/dyadfs/dyadfs/fs/dmd"
 	"github.com/dyadfs/dyadfs/hfl"
 )
 
-// newTransport makes the named backend. A new backend adds a case here
-// (and its name to availableDTL).
-func newTransport(name string, cfg dtl.Config) (dtl.Transport, error) {
+// newTransport makes the named backend for namespace's daemons. A new
+// backend adds a case here (and its name to availableDTL).
+func newTransport(name string, cfg dtl.Config, namespace string, fx *fluxConn) (dtl.Transport, error) {
 	switch name {
 	case "tcp":
 		return tcp.New(cfg)
+	case "flux":
+		h, err := fx.handle()
+		if err != nil {
+			return nil, err
+		}
+		return fluxdtl.New(h, fluxService(namespace, "-dtl"), cfg)
 	}
 	return nil, fmt.Errorf("transport %s is not available in this build", name)
 }
@@ -31,7 +38,7 @@ func sharesFiles(c *mountConfig) bool {
 
 // openTransport makes the configured transport, authenticated with the
 // job's secret (from --secret-file, or kept in the store).
-func openTransport(ctx context.Context, c *mountConfig, store hfl.Store, log *slog.Logger) (dtl.Transport, error) {
+func openTransport(ctx context.Context, c *mountConfig, store hfl.Store, fx *fluxConn, log *slog.Logger) (dtl.Transport, error) {
 	cfg := c.Transport
 	cfg.Log = log
 	if cfg.Secret == nil {
@@ -41,7 +48,7 @@ func openTransport(ctx context.Context, c *mountConfig, store hfl.Store, log *sl
 		}
 		cfg.Secret = secret
 	}
-	t, err := newTransport(c.DTL, cfg)
+	t, err := newTransport(c.DTL, cfg, c.Locator.Namespace, fx)
 	if err != nil {
 		return nil, fail(exitUsage, err.Error())
 	}
@@ -87,7 +94,11 @@ func transportStatus(t dtl.Transport, d *dmd.DMD) func() map[string]any {
 			"failed_for_good":  st.Permanent(),
 		}
 		// What the backend served to other nodes.
-		if tr, ok := t.(*tcp.Transport); ok {
+		switch tr := t.(type) {
+		case *tcp.Transport:
+			s := tr.Stats()
+			section["files_served"], section["bytes_served"], section["requests_refused"] = s.Served, s.BytesSent, s.Refused
+		case *fluxdtl.Transport:
 			s := tr.Stats()
 			section["files_served"], section["bytes_served"], section["requests_refused"] = s.Served, s.BytesSent, s.Refused
 		}

@@ -41,9 +41,11 @@ import (
 // place of the end, when the owner could not read the whole file or found
 // it changed). Chunks of one file do not overlap and stay within its size.
 // Every message but data goes eager; data goes by rendezvous (see
-// doc.go). UCX may deliver messages of one endpoint out of order, so none
-// relies on the order of another: data carries the file's size, the end
-// carries the total.
+// doc.go). The owner sends the end once every chunk's request completed,
+// but a chunk's data lands when the consumer's receive completes, which
+// may come after later messages (and nothing promises the order of
+// messages across lanes), so none relies on another's order: data carries
+// the file's size, the end carries the total.
 const (
 	magic        = "dyadfs-ucx"
 	protoVersion = uint32(1)

@@ -62,7 +62,11 @@ type Config struct {
 	// RequestTimeout bounds every request to the serializer and every
 	// ping.
 	RequestTimeout time.Duration
-	Log            *slog.Logger
+	// Client opens the store without serving: no service is registered
+	// (a command such as `dyadfs forget`, not a daemon). It cannot
+	// Register.
+	Client bool
+	Log    *slog.Logger
 }
 
 // DefaultConfig returns the defaults for the job's service name.
@@ -109,13 +113,20 @@ func Open(ctx context.Context, h *flux.Handle, cfg Config) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	svc, err := h.Serve(ctx, cfg.Name)
-	if err != nil {
-		return nil, fmt.Errorf("flux store: register service %s on rank %d: %w", cfg.Name, h.Rank(), err)
-	}
-	s := &Store{cfg: cfg, h: h, svc: svc, log: log, registered: make(map[string]bool),
+	s := &Store{cfg: cfg, h: h, log: log, registered: make(map[string]bool),
 		alive: make(map[uint32]aliveAt), ensured: make(map[string]bool)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if cfg.Client {
+		return s, nil
+	}
+	svc, err := h.Serve(ctx, cfg.Name)
+	if err != nil {
+		if errors.Is(err, syscall.EEXIST) {
+			err = fmt.Errorf("%w: another daemon of the job runs on this broker", err)
+		}
+		return nil, fmt.Errorf("flux store: register service %s on rank %d: %w", cfg.Name, h.Rank(), err)
+	}
+	s.svc = svc
 	svc.Handle("ping", func(r flux.Request) { r.Respond(nil) })
 	if h.Rank() == 0 {
 		s.ser = newSerializer(s)
@@ -142,6 +153,9 @@ func (s *Store) Close() error {
 	s.cancel()
 	if s.ser != nil {
 		s.ser.stop()
+	}
+	if s.svc == nil {
+		return nil
 	}
 	return s.svc.Close()
 }
@@ -646,13 +660,25 @@ func (s *Store) Health(ctx context.Context, namespace string) (store.Health, err
 }
 
 // Forget implements store.Store: the job's KVS namespace is removed, at
-// once (the KVS frees it as one unit; page plays no part).
+// once (the KVS frees it as one unit; page plays no part). Through the
+// serializer if the job's rank-0 daemon runs (so that it forgets what it
+// kept of the namespace); else directly.
 func (s *Store) Forget(ctx context.Context, namespace string, page int, progress func(int)) (int, error) {
-	ans, err := s.write(ctx, writeReq{Op: opForget, NS: s.cfg.Prefix + esc(namespace)})
-	if err != nil {
+	ns := s.cfg.Prefix + esc(namespace)
+	var n int
+	ans, err := s.write(ctx, writeReq{Op: opForget, NS: ns})
+	switch {
+	case err == nil:
+		n = int(ans.Gen) // the serializer counts what it removed
+	case errors.Is(err, syscall.ENOSYS):
+		c, err := forgetNamespace(ctx, s.h, ns)
+		if err != nil {
+			return 0, s.fail(ctx, "forget", namespace, err)
+		}
+		n = int(c)
+	default:
 		return 0, s.fail(ctx, "forget", namespace, err)
 	}
-	n := int(ans.Gen) // the serializer counts what it removed
 	if progress != nil {
 		progress(n)
 	}

@@ -398,23 +398,31 @@ func (z *serializer) ensure(p pending) {
 func (z *serializer) forget(p pending) {
 	ctx, cancel := z.ctx()
 	defer cancel()
-	ns := p.w.NS
-	var n uint64
-	if v, err := z.s.h.Lookup(ctx, ns, recordsKey); err == nil {
-		records, _ := strconv.ParseUint(string(v), 10, 64)
-		n += 2 * records // a record and its index entry
-	}
-	if names, err := z.s.h.ListDir(ctx, ns, "v"); err == nil {
-		n += uint64(len(names))
-	}
-	err := z.s.h.RemoveNamespace(ctx, ns)
-	delete(z.state, ns)
-	if err != nil && !notFound(err) {
+	n, err := forgetNamespace(ctx, z.s.h, p.w.NS)
+	delete(z.state, p.w.NS)
+	if err != nil {
 		respondErr(p.r, err)
 		return
 	}
 	v, _ := json.Marshal(writeAns{Gen: n})
 	p.r.Respond(v)
+}
+
+// forgetNamespace removes KVS namespace ns and returns how many keys of
+// the store's it held.
+func forgetNamespace(ctx context.Context, h *flux.Handle, ns string) (uint64, error) {
+	var n uint64
+	if v, err := h.Lookup(ctx, ns, recordsKey); err == nil {
+		records, _ := strconv.ParseUint(string(v), 10, 64)
+		n += 2 * records // a record and its index entry
+	}
+	if names, err := h.ListDir(ctx, ns, "v"); err == nil {
+		n += uint64(len(names))
+	}
+	if err := h.RemoveNamespace(ctx, ns); err != nil && !notFound(err) {
+		return 0, err
+	}
+	return n, nil
 }
 
 // respondErr answers r with err's errno.

@@ -1,0 +1,203 @@
+//go:build flux
+
+package test
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dyadfs/dyadfs/flux/fluxtest"
+	"github.com/dyadfs/dyadfs/fs"
+)
+
+// dyadfs inside a Flux instance: `flux start --test-size=N` runs N brokers
+// on this machine; each gets a dyadfs daemon of its own (its FLUX_URI, its
+// mountpoint and backing directory), with the Flux KVS as the store and
+// Flux RPC (or TCP) between them. The node ids are the brokers' ranks.
+
+// newFluxMounts mounts dyadfs on every rank of a new instance of n
+// brokers, with the transport dtl.
+func newFluxMounts(t *testing.T, n int, dtl string, flags ...string) []*mount {
+	t.Helper()
+	requireEnv(t)
+	in := fluxtest.Start(t, n)
+	id := make([]byte, 3)
+	rand.Read(id)
+	ns := "fjob" + hex.EncodeToString(id)
+	ms := make([]*mount, n)
+	for r := range n {
+		args := append([]string{"--store", "flux://", "--namespace", ns, "--dtl", dtl,
+			"--fetch-timeout", "30s", "--stall-timeout", "2s"}, flags...)
+		if dtl == "tcp" {
+			args = append(args, "--listen", "127.0.0.1:"+freePort(t))
+		}
+		ms[r] = newFluxMount(t, in.URIs[r], args...)
+	}
+	return ms
+}
+
+// newFluxMount mounts dyadfs for the broker at uri: no --node, so the
+// node id is the broker's rank.
+func newFluxMount(t *testing.T, uri string, flags ...string) *mount {
+	t.Helper()
+	root, mnt, backing := mountDirs(t)
+	m := &mount{t: t, mnt: mnt, backing: backing, logFile: filepath.Join(root, "dyadfs.log")}
+	m.args, m.env = flags, []string{"FLUX_URI=" + uri}
+	args := append([]string{"mount", "--backing", m.backing, "--log-file", m.logFile, "--log-level", "debug"}, m.args...)
+	out, err := dyadfsEnv(t, m.env, append(args, m.mnt)...)
+	if err != nil {
+		t.Fatalf("dyadfs mount: %v\n%s\nlog:\n%s", err, out, m.readLog())
+	}
+	m.pid = m.status().PID
+	t.Cleanup(m.cleanup)
+	return m
+}
+
+// restart mounts m again over the same backing directory.
+func (m *mount) restart() {
+	m.t.Helper()
+	args := append([]string{"mount", "--backing", m.backing, "--log-file", m.logFile, "--log-level", "debug"}, m.args...)
+	out, err := dyadfsEnv(m.t, m.env, append(args, m.mnt)...)
+	if err != nil {
+		m.t.Fatalf("dyadfs mount again: %v\n%s", err, out)
+	}
+	m.pid = m.status().PID
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// shaOf is the sha256 of the file at p.
+func shaOf(t *testing.T, dir, p string) string {
+	t.Helper()
+	r := run(t, dir, "sha256sum", p)
+	if r.err != nil {
+		t.Fatalf("sha256sum %s: %v", p, r)
+	}
+	return strings.Fields(r.stdout)[0]
+}
+
+// TestFluxShare: files of every kind of size cross from rank 0 to rank 1
+// whole (checksums), over Flux RPC and over TCP with the Flux store; a
+// consumer that waits before its producer starts gets its file; many
+// files closed at once all arrive; node ids are the ranks.
+func TestFluxShare(t *testing.T) {
+	for _, dtl := range []string{"flux", "tcp"} {
+		t.Run(dtl, func(t *testing.T) {
+			ms := newFluxMounts(t, 2, dtl)
+			p, c := ms[0], ms[1]
+			if st := c.status(); st.Node != "1" || p.status().Node != "0" {
+				t.Fatalf("node ids %q and %q, want the ranks 0 and 1", p.status().Node, st.Node)
+			}
+			waiting := start(t, c.mnt, "cat", "late/f")
+			c.waitStatus("a consumer waiting", func(st fs.Status) bool { return len(st.Waiters) == 1 })
+			mustSh(t, p.mnt, `mkdir -p late sizes many && printf early > late/f
+: > sizes/zero
+head -c 4096 /dev/urandom > sizes/4k
+head -c 67108864 /dev/urandom > sizes/64m
+python3 -c "
+f = open('sizes/sparse', 'wb')
+for off in (0, 3 << 30, (4 << 30) - 100, 5 << 30):
+    f.seek(off); f.write(b'data' * 1000)
+f.truncate((5 << 30) + 4097)"
+seq 1 200 | xargs -P 16 -I{} sh -c 'head -c 10000 /dev/urandom > many/f{}'`)
+			if r := within(t, "the waiting consumer", bound, waiting); r.err != nil || r.stdout != "early" {
+				t.Fatalf("the consumer that waited: %v", r)
+			}
+			for _, f := range []string{"sizes/zero", "sizes/4k", "sizes/64m", "sizes/sparse"} {
+				if got, want := shaOf(t, c.mnt, f), shaOf(t, p.mnt, f); got != want {
+					t.Fatalf("%s: sha256 %s on rank 1, %s on rank 0", f, got, want)
+				}
+			}
+			var st syscall.Stat_t
+			if err := syscall.Stat(filepath.Join(c.backing, "sizes/sparse"), &st); err != nil || st.Blocks*512 > 64<<20 {
+				t.Fatalf("the sparse copy takes %d bytes (%v): holes were filled", st.Blocks*512, err)
+			}
+			if got, want := mustSh(t, c.mnt, "cd many && sha256sum * | sort"), mustSh(t, p.mnt, "cd many && sha256sum * | sort"); got != want {
+				t.Fatalf("200 files closed at once: the consumer's checksums differ")
+			}
+		})
+	}
+}
+
+// TestFluxOwnerKilled: the owner's daemon is killed while a consumer's
+// transfer runs: the consumer's open fails with EIO within a bounded time
+// (the owner's service went with it), nothing partial is left, and once
+// the owner's daemon is back the file arrives.
+func TestFluxOwnerKilled(t *testing.T) {
+	ms := newFluxMounts(t, 2, "flux")
+	p, c := ms[0], ms[1]
+	mustSh(t, p.mnt, "head -c 536870912 /dev/urandom > big")
+	want := shaOf(t, p.mnt, "big")
+	reader := start(t, c.mnt, "sha256sum", "big")
+	tmp := filepath.Join(c.backing, ".dyadfs", "tmp-1")
+	eventually(t, "a transfer in progress", func() bool {
+		es, _ := os.ReadDir(tmp)
+		for _, e := range es {
+			if info, err := e.Info(); err == nil && info.Size() > 0 {
+				return true
+			}
+		}
+		return false
+	})
+	syscall.Kill(p.pid, syscall.SIGKILL)
+	waitExit(p.pid, bound)
+	p.pid = 0
+	runOut("fusermount3", "-u", "-z", p.mnt)
+	r := within(t, "the consumer of a killed owner", 20*time.Second, reader)
+	if r.err == nil || !strings.Contains(r.stderr, "Input/output error") {
+		t.Fatalf("the consumer: %v, want EIO", r)
+	}
+	if _, err := os.Lstat(filepath.Join(c.backing, "big")); !os.IsNotExist(err) {
+		t.Fatalf("a partial file is visible: %v", err)
+	}
+	es, _ := os.ReadDir(tmp)
+	for _, e := range es {
+		if info, err := e.Info(); err == nil && info.Size() > 0 {
+			t.Fatalf("a partial temporary file was left: %s", e.Name())
+		}
+	}
+	p.restart()
+	var got string
+	eventually(t, "the file, once its owner is back", func() bool {
+		r := run(t, c.mnt, "sha256sum", "big")
+		if r.err != nil {
+			return false
+		}
+		got = strings.Fields(r.stdout)[0]
+		return true
+	})
+	if got != want {
+		t.Fatalf("after the owner came back: sha256 %s, want %s", got, want)
+	}
+}
+
+// TestFluxNotBuilt: a build without Flux builds, and its mount says what
+// is missing when asked for the Flux store or transport.
+func TestFluxNotBuilt(t *testing.T) {
+	requireEnv(t)
+	bin := filepath.Join(t.TempDir(), "dyadfs-noflux")
+	if out, err := runOut("go", "build", "-o", bin, "github.com/dyadfs/dyadfs/cmd/dyadfs"); err != nil {
+		t.Fatalf("build without the flux tag: %v\n%s", err, out)
+	}
+	_, mnt, backing := mountDirs(t)
+	out, err := runOut(bin, "mount", "-f", "--store", "flux://", "--backing", backing, mnt)
+	if err == nil || !strings.Contains(out, "built without Flux") {
+		t.Fatalf("a Flux store in a build without Flux: %v\n%s", err, out)
+	}
+}
