@@ -56,6 +56,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// Built tells whether this binary was built with Flux (the flux build tag).
+const Built = true
+
 // NodeAny addresses an RPC to whichever broker routes it (FLUX_NODEID_ANY).
 const NodeAny = ^uint32(0)
 

@@ -8,6 +8,9 @@ import (
 	"time"
 )
 
+// Built tells whether this binary was built with Flux (the flux build tag).
+const Built = false
+
 // NodeAny addresses an RPC to whichever broker routes it.
 const NodeAny = ^uint32(0)
 

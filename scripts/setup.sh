@@ -11,7 +11,8 @@ export PATH="$PATH:/usr/local/go/bin"
 # benchmark's network baseline; the programs the tests run on the mount
 # as users do (rsync, sqlite3, and Debian's python3 with numpy and h5py);
 # strace, to count what the daemon does for one waiting open; perl and
-# gcc for the POSIX conformance suite.
+# gcc for the POSIX conformance suite; pkg-config and libucx-dev for the
+# UCX transport (ucx-utils: ucx_info and ucx_perftest, its baselines).
 packages=()
 command -v fusermount3 >/dev/null || packages+=(fuse3)
 command -v etcd >/dev/null || packages+=(etcd-server)
@@ -25,6 +26,9 @@ command -v strace >/dev/null || packages+=(strace)
 # perl's prove and a C compiler build and run pjdfstest (../shared).
 command -v prove >/dev/null || packages+=(perl)
 command -v cc >/dev/null || packages+=(gcc)
+command -v pkg-config >/dev/null || packages+=(pkg-config)
+[[ -e /usr/include/ucp/api/ucp.h ]] || packages+=(libucx-dev)
+command -v ucx_perftest >/dev/null || packages+=(ucx-utils)
 /usr/bin/python3 -c 'import numpy, h5py' 2>/dev/null || packages+=(python3-numpy python3-h5py)
 if ((${#packages[@]})); then
 	if [[ $(id -u) -ne 0 ]]; then
@@ -42,12 +46,15 @@ if ! command -v go >/dev/null; then
 	echo "setup.sh: Go is not installed (expected at /usr/local/go)" >&2
 	exit 1
 fi
+# The optional backends this machine can build: UCX from Debian, Flux
+# where ../shared/flux/install.sh (or a site) put flux-core.
+. scripts/buildenv.sh
 version=$(git describe --always --dirty 2>/dev/null || echo dev)
 mkdir -p bin
-go build -ldflags "-X main.version=$version" -o bin/dyadfs ./cmd/dyadfs
+go build -tags "$DYADFS_TAGS" -ldflags "-X main.version=$version" -o bin/dyadfs ./cmd/dyadfs
 if [[ $(id -u) -eq 0 ]]; then
 	install -m 0755 bin/dyadfs /usr/local/bin/dyadfs
-	echo "setup.sh: installed /usr/local/bin/dyadfs ($version)"
+	echo "setup.sh: installed /usr/local/bin/dyadfs ($version; backends: tcp${DYADFS_TAGS:+,$DYADFS_TAGS})"
 else
 	echo "setup.sh: built $(pwd)/bin/dyadfs ($version); run as root to install it"
 fi

@@ -76,7 +76,7 @@ func TestBadInput(t *testing.T) {
 		{"no fusermount3", []string{"PATH=" + dir}, noFuse, "fusermount3 not found", []string{"--backing", backing, mnt}},
 		{"kernel refuses the mount", nil, mountFailed, "mount", []string{"-o", "no_such_fuse_option", "--backing", backing, mnt}},
 		{"store unreachable", nil, storeErr, "127.0.0.1:1", []string{"--store", "etcd://127.0.0.1:1", "--backing", backing, mnt}},
-		{"bad transport", nil, usage, "not available in this build", []string{"--dtl", "ucx", "--backing", backing, mnt}},
+		{"bad transport", nil, usage, "not available in this build", []string{"--dtl", "margo", "--backing", backing, mnt}},
 		{"short secret", nil, usage, "at least 16 bytes", []string{"--secret-file", shortSecret, "--backing", backing, mnt}},
 		{"readable secret", nil, usage, "chmod 600", []string{"--secret-file", file, "--backing", backing, mnt}},
 	}

@@ -186,18 +186,3 @@ func TestFluxOwnerKilled(t *testing.T) {
 		t.Fatalf("after the owner came back: sha256 %s, want %s", got, want)
 	}
 }
-
-// TestFluxNotBuilt: a build without Flux builds, and its mount says what
-// is missing when asked for the Flux store or transport.
-func TestFluxNotBuilt(t *testing.T) {
-	requireEnv(t)
-	bin := filepath.Join(t.TempDir(), "dyadfs-noflux")
-	if out, err := runOut("go", "build", "-o", bin, "github.com/dyadfs/dyadfs/cmd/dyadfs"); err != nil {
-		t.Fatalf("build without the flux tag: %v\n%s", err, out)
-	}
-	_, mnt, backing := mountDirs(t)
-	out, err := runOut(bin, "mount", "-f", "--store", "flux://", "--backing", backing, mnt)
-	if err == nil || !strings.Contains(out, "built without Flux") {
-		t.Fatalf("a Flux store in a build without Flux: %v\n%s", err, out)
-	}
-}

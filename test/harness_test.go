@@ -60,8 +60,9 @@ func TestMain(m *testing.M) {
 		if raceEnabled {
 			args = append(args, "-race")
 		}
-		if buildTags != "" {
-			args = append(args, "-tags", buildTags)
+		// The binary under test has the test binary's own build tags.
+		if tags := strings.TrimSpace(fluxTag + " " + ucxTag); tags != "" {
+			args = append(args, "-tags", strings.ReplaceAll(tags, " ", ","))
 		}
 		out, err := exec.Command("go", append(args, "github.com/dyadfs/dyadfs/cmd/dyadfs")...).CombinedOutput()
 		if err != nil {

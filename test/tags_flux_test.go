@@ -2,6 +2,6 @@
 
 package test
 
-// buildTags are the tags the dyadfs binary under test is built with: the
-// test binary's own.
-const buildTags = "flux"
+// fluxTag is in the tags the dyadfs binary under test is built with when
+// the test binary has it.
+const fluxTag = "flux"

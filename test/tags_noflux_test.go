@@ -2,6 +2,4 @@
 
 package test
 
-// buildTags are the tags the dyadfs binary under test is built with: the
-// test binary's own.
-const buildTags = ""
+const fluxTag = ""

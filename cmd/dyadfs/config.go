@@ -14,6 +14,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/dtl/ucx"
+	"github.com/dyadfs/dyadfs/flux"
 	"github.com/dyadfs/dyadfs/fs"
 	"github.com/dyadfs/dyadfs/fs/caller"
 	"github.com/dyadfs/dyadfs/fs/dmd"
@@ -142,7 +144,7 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 	f.DurationVar(&c.DMD.CloseWait, "publish-wait", c.DMD.CloseWait, "with other nodes, a writer's close publishes the file and fails if the store refuses it (ENOSPC when full, EACCES when denied) or does not answer within this time (EIO); 0: close returns at once and the publish follows (DYAD_ASYNC_PUBLISH)")
 	f.BoolVar(&c.DMD.FsyncOnPublish, "fsync-on-publish", c.DMD.FsyncOnPublish, "make file data durable before publishing it (DYAD_FSYNC_WRITE)")
 	f.BoolVar(&c.DMD.SharedStorage, "shared-storage", c.DMD.SharedStorage, "all nodes see the same backing storage: wait for records, never transfer (DYAD_SHARED_STORAGE)")
-	f.StringVar(&c.DTL, "dtl", c.DTL, "data `TRANSPORT` between nodes: tcp, or flux (Flux RPC through the brokers) (DYAD_DTL_MODE: TCP, FLUX_RPC)")
+	f.StringVar(&c.DTL, "dtl", c.DTL, "data `TRANSPORT` between nodes: tcp, ucx (UCX: RDMA, or TCP and shared memory, as UCX_TLS says), or flux (Flux RPC through the brokers) (DYAD_DTL_MODE: TCP, UCX, FLUX_RPC)")
 	f.StringVar(&c.Transport.Listen, "listen", c.Transport.Listen, "`HOST:PORT` the transport serves files on")
 	f.StringVar(&c.Transport.Advertise, "advertise", "", "`HOST:PORT` other nodes reach the transport at (default: the listen address, or this node's first non-loopback address)")
 	f.StringVar(&c.SecretFile, "secret-file", "", "`FILE` holding the job secret that authenticates nodes (default: generated and kept in the store, per namespace)")
@@ -238,9 +240,9 @@ func (v *mountFlagValues) finish(c *mountConfig, args []string) error {
 // dtlNames maps DYAD's DYAD_DTL_MODE values and dyadfs's names to backends.
 var dtlNames = map[string]string{"tcp": "tcp", "ucx": "ucx", "flux_rpc": "flux", "flux-rpc": "flux", "flux": "flux", "margo": "margo"}
 
-// availableDTL lists the transports this binary has (flux answers "built
-// without Flux" at mount time in a build without it).
-var availableDTL = []string{"tcp", "flux"}
+// availableDTL lists the transports dyadfs has (flux and ucx answer
+// "built without Flux/UCX" at mount time in a build without them).
+var availableDTL = []string{"tcp", "flux", "ucx"}
 
 func (c *mountConfig) finishTransport(flags *pflag.FlagSet) error {
 	name, ok := dtlNames[strings.ToLower(c.DTL)]
@@ -249,6 +251,14 @@ func (c *mountConfig) finishTransport(flags *pflag.FlagSet) error {
 	}
 	if !slices.Contains(availableDTL, name) {
 		return fail(exitUsage, fmt.Sprintf("--dtl %s: not available in this build (available: %s)", name, strings.Join(availableDTL, ", ")))
+	}
+	// A backend this binary lacks is a usage error found before the store
+	// is reached.
+	if name == "ucx" && !ucx.Built {
+		return fail(exitUsage, fmt.Sprintf("--dtl ucx: %v", ucx.ErrNotBuilt))
+	}
+	if name == "flux" && !flux.Built {
+		return fail(exitUsage, fmt.Sprintf("--dtl flux: %v", flux.ErrNotBuilt))
 	}
 	c.DTL = name
 	c.Transport.Node = c.DMD.Node

@@ -10,6 +10,7 @@ import (
 	"github.com/dyadfs/dyadfs/dtl"
 	fluxdtl "github.com/dyadfs/dyadfs/dtl/flux"
 	"github.com/dyadfs/dyadfs/dtl/tcp"
+	"github.com/dyadfs/dyadfs/dtl/ucx"
 	"github.com/dyadfs/dyadfs/fs/dmd"
 	"github.com/dyadfs/dyadfs/hfl"
 )
@@ -26,6 +27,12 @@ func newTransport(name string, cfg dtl.Config, namespace string, fx *fluxConn) (
 			return nil, err
 		}
 		return fluxdtl.New(h, fluxService(namespace, "-dtl"), cfg)
+	case "ucx":
+		t, err := ucx.New(cfg)
+		if err != nil {
+			return nil, err // not a nil *ucx.Transport in a non-nil interface
+		}
+		return t, nil
 	}
 	return nil, fmt.Errorf("transport %s is not available in this build", name)
 }
@@ -99,6 +106,9 @@ func transportStatus(t dtl.Transport, d *dmd.DMD) func() map[string]any {
 			s := tr.Stats()
 			section["files_served"], section["bytes_served"], section["requests_refused"] = s.Served, s.BytesSent, s.Refused
 		case *fluxdtl.Transport:
+			s := tr.Stats()
+			section["files_served"], section["bytes_served"], section["requests_refused"] = s.Served, s.BytesSent, s.Refused
+		case *ucx.Transport:
 			s := tr.Stats()
 			section["files_served"], section["bytes_served"], section["requests_refused"] = s.Served, s.BytesSent, s.Refused
 		}

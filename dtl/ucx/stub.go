@@ -4,7 +4,6 @@ package ucx
 
 import (
 	"context"
-	"errors"
 	"os"
 
 	"github.com/dyadfs/dyadfs/dtl"
@@ -12,9 +11,6 @@ import (
 
 // Built tells whether this binary was built with UCX (the ucx build tag).
 const Built = false
-
-// ErrNotBuilt is what New returns in a build without UCX.
-var ErrNotBuilt = errors.New("transport ucx: dyadfs was built without UCX; install libucx-dev (Debian: apt-get install libucx-dev) and build with -tags ucx")
 
 // Transport stands in for the UCX transport in a build without UCX; New
 // never returns one.

@@ -45,8 +45,10 @@ func Start(t testing.TB, size int) *Instance {
 	dir := t.TempDir()
 	uris := filepath.Join(dir, "uris")
 	ready := filepath.Join(dir, "ready")
-	script := fmt.Sprintf(`for r in $(seq 0 %d); do flux exec -r $r printenv FLUX_URI; done > %s.tmp && mv %s.tmp %s && touch %s && exec sleep 100000`,
-		size-1, uris, uris, uris, ready)
+	// The initial program lives while this process does: the instance
+	// ends with it even when it is killed and its cleanups cannot run.
+	script := fmt.Sprintf(`for r in $(seq 0 %d); do flux exec -r $r printenv FLUX_URI; done > %s.tmp && mv %s.tmp %s && touch %s && while kill -0 %d 2>/dev/null; do sleep 1; done`,
+		size-1, uris, uris, uris, ready, os.Getpid())
 	cmd := exec.Command(bin, "start", fmt.Sprintf("--test-size=%d", size), "bash", "-c", script)
 	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"))
 	logf, err := os.Create(filepath.Join(dir, "flux.log"))

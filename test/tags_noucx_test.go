@@ -1,0 +1,5 @@
+//go:build !ucx
+
+package test
+
+const ucxTag = ""
