@@ -48,8 +48,8 @@ func failsWithEIO(t *testing.T, what string, ch <-chan result) {
 // runs (A's link is slowed so that it takes a while). The consumer gets EIO
 // within faultBound and nothing partial is left on B; once A is back
 // (restore), a read returns the file.
-func faultedTransfer(t *testing.T, during bool, cut, restore func(a *node)) (retries uint64) {
-	c := newCluster(t, 2)
+func faultedTransfer(t *testing.T, w wire, during bool, cut, restore func(a *node)) (retries uint64) {
+	c := newClusterOn(t, w, 2)
 	a, b := c.nodes[0], c.nodes[1]
 	// Larger than a file whose bytes travel with its notices: the home
 	// keeps those, and a consumer needs no transfer from the owner.
@@ -127,23 +127,27 @@ func cutLink(a *node)       { a.linkDown() }
 func restoreLink(a *node)   { a.linkUp() }
 
 func TestClusterOwnerKilledBeforeTransfer(t *testing.T) {
-	faultedTransfer(t, false, killDaemon, restartDaemon)
+	faultedTransfer(t, tcpWire, false, killDaemon, restartDaemon)
 }
 
 func TestClusterOwnerKilledDuringTransfer(t *testing.T) {
-	// The connection breaks while the owner's lease still runs: the
-	// consumer retries, and counts it.
-	if n := faultedTransfer(t, true, killDaemon, restartDaemon); n == 0 {
-		t.Fatal("no retry was counted after the owner died mid-transfer")
-	}
+	forEachWire(t, func(t *testing.T, w wire) {
+		// The connection breaks while the owner's lease still runs: the
+		// consumer retries, and counts it.
+		if n := faultedTransfer(t, w, true, killDaemon, restartDaemon); n == 0 {
+			t.Fatal("no retry was counted after the owner died mid-transfer")
+		}
+	})
 }
 
 func TestClusterLinkCutBeforeTransfer(t *testing.T) {
-	faultedTransfer(t, false, cutLink, restoreLink)
+	faultedTransfer(t, tcpWire, false, cutLink, restoreLink)
 }
 
 func TestClusterLinkCutDuringTransfer(t *testing.T) {
-	faultedTransfer(t, true, cutLink, restoreLink)
+	forEachWire(t, func(t *testing.T, w wire) {
+		faultedTransfer(t, w, true, cutLink, restoreLink)
+	})
 }
 
 // TestClusterEtcdRestart: consumers keep waiting while etcd restarts and

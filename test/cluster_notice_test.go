@@ -76,44 +76,46 @@ func TestClusterHomeDown(t *testing.T) {
 // mode and mtime; the producer writes them through write-only descriptors,
 // as a shell does.
 func TestClusterSmallFilesTravelWithNotices(t *testing.T) {
-	c := newCluster(t, 3)
-	a, b, late := c.nodes[0], c.nodes[1], c.nodes[2]
-	sizes := map[string]int{"empty": 0, "one": 1, "4k": 4096, "16k": 16384, "16k1": 16385}
-	reads := map[string]<-chan result{}
-	for name := range sizes {
-		reads[name] = b.startSh("sha256sum small/" + name + " && stat -c '%a %Y' small/" + name)
-	}
-	b.waitStatus("readers waiting", func(st fs.Status) bool { return st.DMD.Waiting == len(sizes) })
-	a.mustSh("mkdir small")
-	for name, size := range sizes {
-		a.mustSh(fmt.Sprintf("umask 027 && head -c %d /dev/urandom > small/%s", size, name))
-	}
-	check := func(who, name string, r result) {
-		t.Helper()
-		if r.err != nil {
-			t.Fatalf("%s reading %s: %v", who, name, r)
+	forEachWire(t, func(t *testing.T, w wire) {
+		c := newClusterOn(t, w, 3)
+		a, b, late := c.nodes[0], c.nodes[1], c.nodes[2]
+		sizes := map[string]int{"empty": 0, "one": 1, "4k": 4096, "16k": 16384, "16k1": 16385}
+		reads := map[string]<-chan result{}
+		for name := range sizes {
+			reads[name] = b.startSh("sha256sum small/" + name + " && stat -c '%a %Y' small/" + name)
 		}
-		want := sha(a, "small/"+name) + " " + a.mustSh("stat -c '%a %Y' small/"+name)
-		if got := strings.Fields(r.stdout); len(got) < 4 || strings.Join([]string{got[0], got[2], got[3]}, " ") != strings.TrimSpace(want) {
-			t.Fatalf("%s read %s as %q, producer wrote %q", who, name, r.stdout, want)
+		b.waitStatus("readers waiting", func(st fs.Status) bool { return st.DMD.Waiting == len(sizes) })
+		a.mustSh("mkdir small")
+		for name, size := range sizes {
+			a.mustSh(fmt.Sprintf("umask 027 && head -c %d /dev/urandom > small/%s", size, name))
 		}
-	}
-	for name, ch := range reads {
-		check(b.name, name, within(t, "reader of "+name, bound, ch))
-	}
-	for name := range sizes {
-		check(late.name, name, late.sh("sha256sum small/"+name+" && stat -c '%a %Y' small/"+name))
-	}
-	for _, n := range []*node{b, late} {
-		st := n.status()
-		if copies := copyCount(st); copies != uint64(len(sizes)) {
-			t.Errorf("%s made %d copies, want %d", n.name, copies, len(sizes))
+		check := func(who, name string, r result) {
+			t.Helper()
+			if r.err != nil {
+				t.Fatalf("%s reading %s: %v", who, name, r)
+			}
+			want := sha(a, "small/"+name) + " " + a.mustSh("stat -c '%a %Y' small/"+name)
+			if got := strings.Fields(r.stdout); len(got) < 4 || strings.Join([]string{got[0], got[2], got[3]}, " ") != strings.TrimSpace(want) {
+				t.Fatalf("%s read %s as %q, producer wrote %q", who, name, r.stdout, want)
+			}
 		}
-		if got := transportCounter(st, "from_notices"); got == 0 || got > 4 {
-			t.Errorf("%s: %d copies from notices, want 1 to 4 (the files up to 16 KiB)", n.name, got)
+		for name, ch := range reads {
+			check(b.name, name, within(t, "reader of "+name, bound, ch))
 		}
-		if got := transportCounter(st, "transfers"); got == 0 {
-			t.Errorf("%s: the 16 KiB + 1 file was not transferred", n.name)
+		for name := range sizes {
+			check(late.name, name, late.sh("sha256sum small/"+name+" && stat -c '%a %Y' small/"+name))
 		}
-	}
+		for _, n := range []*node{b, late} {
+			st := n.status()
+			if copies := copyCount(st); copies != uint64(len(sizes)) {
+				t.Errorf("%s made %d copies, want %d", n.name, copies, len(sizes))
+			}
+			if got := transportCounter(st, "from_notices"); got == 0 || got > 4 {
+				t.Errorf("%s: %d copies from notices, want 1 to 4 (the files up to 16 KiB)", n.name, got)
+			}
+			if got := transportCounter(st, "transfers"); got == 0 {
+				t.Errorf("%s: the 16 KiB + 1 file was not transferred", n.name)
+			}
+		}
+	})
 }

@@ -17,9 +17,10 @@ import (
 )
 
 func init() {
-	// dtl-get ADDR PATH SECRET-FILE: ask the transport at ADDR for PATH
-	// and print "ok SIZE" or the refusal.
+	// dtl-get WIRE ADDR PATH SECRET-FILE: ask the transport (tcp or ucx)
+	// at ADDR for PATH and print "ok SIZE" or the refusal.
 	helpers["dtl-get"] = func(args []string) int {
+		wireName, args := args[0], args[1:]
 		secret, err := os.ReadFile(args[2])
 		if err != nil {
 			fmt.Println(err)
@@ -28,7 +29,12 @@ func init() {
 		cfg := dtl.DefaultConfig()
 		cfg.Node, cfg.Listen, cfg.Secret = "probe", "127.0.0.1:0", []byte(strings.TrimSpace(string(secret)))
 		cfg.DialTimeout, cfg.StallTimeout = 5*time.Second, 5*time.Second
-		t, err := tcp.New(cfg)
+		var t dtl.Transport
+		if wireName == "ucx" {
+			t, err = newUCX(cfg)
+		} else {
+			t, err = tcp.New(cfg)
+		}
 		if err != nil {
 			fmt.Println(err)
 			return 1
@@ -67,58 +73,60 @@ func init() {
 // TestClusterTransportRefusals: the owner serves only published, complete
 // files of its own backing store, and only to peers holding the job secret.
 func TestClusterTransportRefusals(t *testing.T) {
-	c := newCluster(t, 0)
-	c.secret = filepath.Join(c.dir, "secret")
-	os.WriteFile(c.secret, []byte("0123456789abcdef0123456789abcdef\n"), 0o600)
-	wrong := filepath.Join(c.dir, "wrong-secret")
-	os.WriteFile(wrong, []byte("fedcba9876543210fedcba9876543210\n"), 0o600)
-	a := c.addNode("n0")
-	b := c.addNode("n1")
+	forEachWire(t, func(t *testing.T, w wire) {
+		c := newClusterOn(t, w, 0)
+		c.secret = filepath.Join(c.dir, "secret")
+		os.WriteFile(c.secret, []byte("0123456789abcdef0123456789abcdef\n"), 0o600)
+		wrong := filepath.Join(c.dir, "wrong-secret")
+		os.WriteFile(wrong, []byte("fedcba9876543210fedcba9876543210\n"), 0o600)
+		a := c.addNode("n0")
+		b := c.addNode("n1")
 
-	a.mustSh("echo published > ok.dat && mkdir sub && ln -s /etc/passwd sub/escape && ln -s /etc sub/etcdir")
-	a.waitStatus("published", func(st fs.Status) bool { return st.DMD.Publishes >= 1 })
-	// A file put into the backing directory behind dyadfs's back is not
-	// published.
-	os.WriteFile(filepath.Join(a.backing, "unpublished.dat"), []byte("x"), 0o644)
-	// A file still being written.
-	argv := a.argv("sh", "-c", "cd "+c.mnt+" && exec 3>busy.dat && echo partial >&3 && read x")
-	writer, stdin := startCmd(t, "/", nil, argv[0], argv[1:]...)
-	a.waitStatus("writer holds busy.dat", func(st fs.Status) bool { return st.DMD.BusyFiles == 1 })
+		a.mustSh("echo published > ok.dat && mkdir sub && ln -s /etc/passwd sub/escape && ln -s /etc sub/etcdir")
+		a.waitStatus("published", func(st fs.Status) bool { return st.DMD.Publishes >= 1 })
+		// A file put into the backing directory behind dyadfs's back is not
+		// published.
+		os.WriteFile(filepath.Join(a.backing, "unpublished.dat"), []byte("x"), 0o644)
+		// A file still being written.
+		argv := a.argv("sh", "-c", "cd "+c.mnt+" && exec 3>busy.dat && echo partial >&3 && read x")
+		writer, stdin := startCmd(t, "/", nil, argv[0], argv[1:]...)
+		a.waitStatus("writer holds busy.dat", func(st fs.Status) bool { return st.DMD.BusyFiles == 1 })
 
-	addr := a.ip + ":" + dtlPort
-	get := func(path, secret string) string {
-		t.Helper()
-		out, err := b.run(helperCmd("dtl-get", addr, path, secret)...)
-		if err != nil {
-			t.Fatalf("dtl-get %s: %v %s", path, err, out)
+		addr := a.ip + ":" + dtlPort
+		get := func(path, secret string) string {
+			t.Helper()
+			out, err := b.run(helperCmd("dtl-get", w.name, addr, path, secret)...)
+			if err != nil {
+				t.Fatalf("dtl-get %s: %v %s", path, err, out)
+			}
+			return strings.TrimSpace(out)
 		}
-		return strings.TrimSpace(out)
-	}
-	for _, tc := range []struct{ path, secret, want string }{
-		{"ok.dat", c.secret, "ok 10"},
-		{"../etc/passwd", c.secret, "outside"},
-		{"/etc/passwd", c.secret, "outside"},
-		{"sub/escape", c.secret, "outside"},
-		{"sub/etcdir/passwd", c.secret, "outside"},
-		{".dyadfs/tmp", c.secret, "outside"},
-		{"unpublished.dat", c.secret, "not-published"},
-		{"busy.dat", c.secret, "busy"},
-		{"missing.dat", c.secret, "not-found"},
-		{"ok.dat", wrong, "unauthorized"},
-	} {
-		if got := get(tc.path, tc.secret); got != tc.want {
-			t.Errorf("request for %q: %s, want %s", tc.path, got, tc.want)
+		for _, tc := range []struct{ path, secret, want string }{
+			{"ok.dat", c.secret, "ok 10"},
+			{"../etc/passwd", c.secret, "outside"},
+			{"/etc/passwd", c.secret, "outside"},
+			{"sub/escape", c.secret, "outside"},
+			{"sub/etcdir/passwd", c.secret, "outside"},
+			{".dyadfs/tmp", c.secret, "outside"},
+			{"unpublished.dat", c.secret, "not-published"},
+			{"busy.dat", c.secret, "busy"},
+			{"missing.dat", c.secret, "not-found"},
+			{"ok.dat", wrong, "unauthorized"},
+		} {
+			if got := get(tc.path, tc.secret); got != tc.want {
+				t.Errorf("request for %q: %s, want %s", tc.path, got, tc.want)
+			}
 		}
-	}
-	fmt.Fprintln(stdin, "done")
-	stdin.Close()
-	within(t, "writer", bound, writer)
-	log := a.readLog()
-	for _, want := range []string{"../etc/passwd", "sub/escape", "unpublished.dat"} {
-		if !strings.Contains(log, want) {
-			t.Errorf("the owner's log has no line about the refused %q", want)
+		fmt.Fprintln(stdin, "done")
+		stdin.Close()
+		within(t, "writer", bound, writer)
+		log := a.readLog()
+		for _, want := range []string{"../etc/passwd", "sub/escape", "unpublished.dat"} {
+			if !strings.Contains(log, want) {
+				t.Errorf("the owner's log has no line about the refused %q", want)
+			}
 		}
-	}
+	})
 }
 
 // TestClusterDuplicateNodeID: a second daemon started with a node id that a

@@ -21,45 +21,47 @@ func sha(n *node, path string) string {
 // checksummed, once it is published: empty, one byte, 4 KiB, 64 MiB and a
 // sparse 5 GiB file, which arrives sparse.
 func TestClusterConsumerWaitsFirst(t *testing.T) {
-	c := newCluster(t, 2)
-	a, b := c.nodes[0], c.nodes[1]
-	files := []struct{ name, produce string }{
-		{"empty", ": > sizes/empty"},
-		{"one", "printf x > sizes/one"},
-		{"4k", "head -c 4096 /dev/urandom > sizes/4k"},
-		{"64m", "head -c 67108864 /dev/urandom > sizes/64m"},
-		// Written under another name, then renamed: published once, whole.
-		{"sparse5g", "truncate -s 5G sizes/.s && printf tail | dd of=sizes/.s bs=1 seek=5368709000 conv=notrunc status=none && printf head | dd of=sizes/.s conv=notrunc status=none && mv sizes/.s sizes/sparse5g"},
-	}
-	got := map[string]<-chan result{}
-	for _, f := range files {
-		got[f.name] = b.startShFor(3*bound, "sha256sum sizes/"+f.name)
-	}
-	b.waitStatus("consumers waiting", func(st fs.Status) bool { return st.DMD.Waiting == len(files) })
-	a.mustSh("mkdir -p sizes")
-	for _, f := range files {
-		a.mustSh(f.produce)
-	}
-	for _, f := range files {
-		// Checksumming 5 GiB twice on two loaded cores takes a while.
-		r := within(t, "consumer of "+f.name, 3*bound, got[f.name])
-		if r.err != nil {
-			t.Fatalf("consumer of %s: %v", f.name, r)
+	forEachWire(t, func(t *testing.T, w wire) {
+		c := newClusterOn(t, w, 2)
+		a, b := c.nodes[0], c.nodes[1]
+		files := []struct{ name, produce string }{
+			{"empty", ": > sizes/empty"},
+			{"one", "printf x > sizes/one"},
+			{"4k", "head -c 4096 /dev/urandom > sizes/4k"},
+			{"64m", "head -c 67108864 /dev/urandom > sizes/64m"},
+			// Written under another name, then renamed: published once, whole.
+			{"sparse5g", "truncate -s 5G sizes/.s && printf tail | dd of=sizes/.s bs=1 seek=5368709000 conv=notrunc status=none && printf head | dd of=sizes/.s conv=notrunc status=none && mv sizes/.s sizes/sparse5g"},
 		}
-		if want := sha(a, "sizes/"+f.name); strings.Fields(r.stdout)[0] != want {
-			t.Fatalf("%s: consumer read sha256 %s, producer wrote %s", f.name, r.stdout, want)
+		got := map[string]<-chan result{}
+		for _, f := range files {
+			got[f.name] = b.startShFor(3*bound, "sha256sum sizes/"+f.name)
 		}
-	}
-	var st syscall.Stat_t
-	if err := syscall.Stat(filepath.Join(b.backing, "sizes/sparse5g"), &st); err != nil {
-		t.Fatal(err)
-	}
-	if st.Size != 5<<30 || st.Blocks*512 > 1<<20 {
-		t.Fatalf("the consumer's copy of the sparse file: size %d, %d bytes allocated; want 5 GiB with holes", st.Size, st.Blocks*512)
-	}
-	if n := copyCount(b.status()); n != uint64(len(files)) {
-		t.Fatalf("consumer made %d copies, want %d", n, len(files))
-	}
+		b.waitStatus("consumers waiting", func(st fs.Status) bool { return st.DMD.Waiting == len(files) })
+		a.mustSh("mkdir -p sizes")
+		for _, f := range files {
+			a.mustSh(f.produce)
+		}
+		for _, f := range files {
+			// Checksumming 5 GiB twice on two loaded cores takes a while.
+			r := within(t, "consumer of "+f.name, 3*bound, got[f.name])
+			if r.err != nil {
+				t.Fatalf("consumer of %s: %v", f.name, r)
+			}
+			if want := sha(a, "sizes/"+f.name); strings.Fields(r.stdout)[0] != want {
+				t.Fatalf("%s: consumer read sha256 %s, producer wrote %s", f.name, r.stdout, want)
+			}
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(b.backing, "sizes/sparse5g"), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Size != 5<<30 || st.Blocks*512 > 1<<20 {
+			t.Fatalf("the consumer's copy of the sparse file: size %d, %d bytes allocated; want 5 GiB with holes", st.Size, st.Blocks*512)
+		}
+		if n := copyCount(b.status()); n != uint64(len(files)) {
+			t.Fatalf("consumer made %d copies, want %d", n, len(files))
+		}
+	})
 }
 
 // TestClusterOneTransferPerNode: consumers on three nodes, several processes
@@ -113,30 +115,32 @@ func TestClusterChain(t *testing.T) {
 
 // TestClusterFanIn: three producers, ten files each, one consumer of all.
 func TestClusterFanIn(t *testing.T) {
-	c := newCluster(t, 4)
-	producers, consumer := c.nodes[:3], c.nodes[3]
-	var names []string
-	var want strings.Builder
-	for _, p := range producers {
-		for i := 0; i < 10; i++ {
-			names = append(names, fmt.Sprintf("fanin/%s-%d", p.name, i))
-			fmt.Fprintf(&want, "%s %d\n", p.name, i)
+	forEachWire(t, func(t *testing.T, w wire) {
+		c := newClusterOn(t, w, 4)
+		producers, consumer := c.nodes[:3], c.nodes[3]
+		var names []string
+		var want strings.Builder
+		for _, p := range producers {
+			for i := 0; i < 10; i++ {
+				names = append(names, fmt.Sprintf("fanin/%s-%d", p.name, i))
+				fmt.Fprintf(&want, "%s %d\n", p.name, i)
+			}
 		}
-	}
-	all := consumer.startSh("for f in " + strings.Join(names, " ") + "; do cat $f; done")
-	consumer.waitStatus("consumer waiting", func(st fs.Status) bool { return st.DMD.Waiting == 1 })
-	var producing []<-chan result
-	for _, p := range producers {
-		producing = append(producing, p.startSh(fmt.Sprintf("mkdir -p fanin && for i in $(seq 0 9); do echo \"%s $i\" > fanin/%s-$i; done", p.name, p.name)))
-	}
-	for _, ch := range producing {
-		if r := within(t, "producer", bound, ch); r.err != nil {
-			t.Fatal(r)
+		all := consumer.startSh("for f in " + strings.Join(names, " ") + "; do cat $f; done")
+		consumer.waitStatus("consumer waiting", func(st fs.Status) bool { return st.DMD.Waiting == 1 })
+		var producing []<-chan result
+		for _, p := range producers {
+			producing = append(producing, p.startSh(fmt.Sprintf("mkdir -p fanin && for i in $(seq 0 9); do echo \"%s $i\" > fanin/%s-$i; done", p.name, p.name)))
 		}
-	}
-	if r := within(t, "consumer", bound, all); r.err != nil || r.stdout != want.String() {
-		t.Fatalf("consumer read %v, want %q", r, want.String())
-	}
+		for _, ch := range producing {
+			if r := within(t, "producer", bound, ch); r.err != nil {
+				t.Fatal(r)
+			}
+		}
+		if r := within(t, "consumer", bound, all); r.err != nil || r.stdout != want.String() {
+			t.Fatalf("consumer read %v, want %q", r, want.String())
+		}
+	})
 }
 
 // TestClusterSharedStorage: with storage all nodes see, consumers wait for

@@ -49,6 +49,8 @@ type cluster struct {
 	namespace string
 	// etcdArgs are more flags for etcd.
 	etcdArgs []string
+	// wire is the data transport the nodes use.
+	wire wire
 }
 
 const (
@@ -90,6 +92,12 @@ func newCluster(t testing.TB, n int, flags ...string) *cluster {
 	return newClusterWith(t, clusterOptions{nodes: n, flags: flags})
 }
 
+// newClusterOn starts etcd and n nodes whose files travel over w.
+func newClusterOn(t testing.TB, w wire, n int, flags ...string) *cluster {
+	t.Helper()
+	return newClusterWith(t, clusterOptions{nodes: n, flags: flags, wire: w})
+}
+
 // clusterOptions shape a cluster.
 type clusterOptions struct {
 	nodes int
@@ -101,6 +109,8 @@ type clusterOptions struct {
 	backingOnTmpfs bool
 	// etcdArgs are more flags for etcd (--quota-backend-bytes, say).
 	etcdArgs []string
+	// wire is the data transport the nodes use (TCP by default).
+	wire wire
 }
 
 func newClusterWith(t testing.TB, o clusterOptions) *cluster {
@@ -110,7 +120,7 @@ func newClusterWith(t testing.TB, o clusterOptions) *cluster {
 	id := make([]byte, 2)
 	rand.Read(id)
 	c := &cluster{t: t, id: "dy" + hex.EncodeToString(id), dir: t.TempDir(), namespace: "job-" + hex.EncodeToString(id),
-		etcdOnDisk: o.etcdOnDisk, backingOnTmpfs: o.backingOnTmpfs, etcdArgs: o.etcdArgs}
+		etcdOnDisk: o.etcdOnDisk, backingOnTmpfs: o.backingOnTmpfs, etcdArgs: o.etcdArgs, wire: o.wire}
 	c.mnt = filepath.Join(c.dir, "dmd")
 	c.nsDir = filepath.Join(c.dir, "ns")
 	c.sw = c.id + "sw"
@@ -295,17 +305,26 @@ func (n *node) mountArgs() []string {
 	if n.c.secret != "" {
 		args = append(args, "--secret-file", n.c.secret)
 	}
+	args = append(args, n.c.wire.flags...)
 	return append(append(args, n.flags...), n.c.mnt)
 }
 
 // start mounts dyadfs on the node; `dyadfs mount` returns once it is ready.
 func (n *node) start() {
 	n.c.t.Helper()
-	out, err := n.run(append(append(append([]string{}, n.wrap...), dyadfsBin), n.mountArgs()...)...)
+	argv := append([]string{}, n.wrap...)
+	if len(n.c.wire.env) > 0 {
+		argv = append(append([]string{"env"}, n.c.wire.env...), argv...)
+	}
+	out, err := n.run(append(append(argv, dyadfsBin), n.mountArgs()...)...)
 	if err != nil {
 		n.c.t.Fatalf("%s: dyadfs mount: %v\n%s\nlog:\n%s", n.name, err, out, n.readLog())
 	}
-	n.pid = n.status().PID
+	st := n.status()
+	n.pid = st.PID
+	if want := n.c.wire.name; want != "" && !strings.HasPrefix(st.Info["transport"], want+" ") {
+		n.c.t.Fatalf("%s: transport %q, want %s", n.name, st.Info["transport"], want)
+	}
 }
 
 func (n *node) readLog() string {

@@ -36,10 +36,16 @@ func newFluxMounts(t *testing.T, n int, dtl string, flags ...string) []*mount {
 	for r := range n {
 		args := append([]string{"--store", "flux://", "--namespace", ns, "--dtl", dtl,
 			"--fetch-timeout", "30s", "--stall-timeout", "2s"}, flags...)
-		if dtl == "tcp" {
+		env := []string{"FLUX_URI=" + in.URIs[r]}
+		switch dtl {
+		case "tcp":
 			args = append(args, "--listen", "127.0.0.1:"+freePort(t))
+		case "ucx":
+			// The ranks share this host: shared memory is allowed.
+			args = append(args, "--listen", "127.0.0.1:"+freePort(t))
+			env = append(env, "UCX_TLS=sm,tcp")
 		}
-		ms[r] = newFluxMount(t, in.URIs[r], args...)
+		ms[r] = newFluxMountEnv(t, env, args...)
 	}
 	return ms
 }
@@ -48,9 +54,16 @@ func newFluxMounts(t *testing.T, n int, dtl string, flags ...string) []*mount {
 // node id is the broker's rank.
 func newFluxMount(t *testing.T, uri string, flags ...string) *mount {
 	t.Helper()
+	return newFluxMountEnv(t, []string{"FLUX_URI=" + uri}, flags...)
+}
+
+// newFluxMountEnv mounts dyadfs with the environment env (FLUX_URI and
+// maybe UCX's).
+func newFluxMountEnv(t *testing.T, env []string, flags ...string) *mount {
+	t.Helper()
 	root, mnt, backing := mountDirs(t)
 	m := &mount{t: t, mnt: mnt, backing: backing, logFile: filepath.Join(root, "dyadfs.log")}
-	m.args, m.env = flags, []string{"FLUX_URI=" + uri}
+	m.args, m.env = flags, env
 	args := append([]string{"mount", "--backing", m.backing, "--log-file", m.logFile, "--log-level", "debug"}, m.args...)
 	out, err := dyadfsEnv(t, m.env, append(args, m.mnt)...)
 	if err != nil {
@@ -95,10 +108,14 @@ func shaOf(t *testing.T, dir, p string) string {
 // TestFluxShare: files of every kind of size cross from rank 0 to rank 1
 // whole (checksums), over Flux RPC and over TCP with the Flux store; a
 // consumer that waits before its producer starts gets its file; many
-// files closed at once all arrive; node ids are the ranks.
+// files closed at once all arrive; node ids are the ranks. UCX too, with
+// shared memory allowed between the ranks of this host.
 func TestFluxShare(t *testing.T) {
-	for _, dtl := range []string{"flux", "tcp"} {
+	for _, dtl := range []string{"flux", "tcp", "ucx"} {
 		t.Run(dtl, func(t *testing.T) {
+			if dtl == "ucx" && ucxTag == "" {
+				t.Skip("skipping: built without UCX (install libucx-dev and test with -tags ucx)")
+			}
 			ms := newFluxMounts(t, 2, dtl)
 			p, c := ms[0], ms[1]
 			if st := c.status(); st.Node != "1" || p.status().Node != "0" {

@@ -334,7 +334,7 @@ func serve(c *mountConfig, ready func(error)) (err error) {
 	var transportSection func() map[string]any
 	if transport != nil {
 		c.FS.Info["transport"] = c.DTL + " " + transport.Addr()
-		transportSection = transportStatus(transport, d)
+		transportSection = transportStatus(c.DTL, transport, d)
 	}
 	c.FS.Extra = func() map[string]any {
 		extra := map[string]any{"store": monitor.section(d)}

@@ -87,10 +87,11 @@ func joinJob(ctx context.Context, c *mountConfig, t dtl.Transport, d *dmd.DMD, l
 }
 
 // transportStatus is the transport part of the status file.
-func transportStatus(t dtl.Transport, d *dmd.DMD) func() map[string]any {
+func transportStatus(name string, t dtl.Transport, d *dmd.DMD) func() map[string]any {
 	return func() map[string]any {
 		st := d.FetchStats()
 		section := map[string]any{
+			"name":             name,
 			"addr":             t.Addr(),
 			"transfers":        st.Transfers.Load(),
 			"bytes":            st.Bytes.Load(),
@@ -111,6 +112,8 @@ func transportStatus(t dtl.Transport, d *dmd.DMD) func() map[string]any {
 		case *ucx.Transport:
 			s := tr.Stats()
 			section["files_served"], section["bytes_served"], section["requests_refused"] = s.Served, s.BytesSent, s.Refused
+			// Registered buffers in use: a transfer waits when none is free.
+			section["send_buffers_busy"], section["recv_buffers_busy"] = s.SendSlots-s.SendFree, s.RecvSlots-s.RecvFree
 		}
 		return section
 	}
