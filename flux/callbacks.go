@@ -28,3 +28,8 @@ func goFluxFuture(f *C.flux_future_t, arg C.uintptr_t) {
 func goFluxRequest(msg *C.flux_msg_t, arg C.uintptr_t) {
 	cgo.Handle(arg).Value().(*Service).request(msg)
 }
+
+//export goFluxEvent
+func goFluxEvent(msg *C.flux_msg_t, arg C.uintptr_t) {
+	cgo.Handle(arg).Value().(*subscription).event(msg)
+}

@@ -73,3 +73,9 @@ type Request interface {
 	// RespondError answers with an error (ENODATA ends a stream).
 	RespondError(errno syscall.Errno, msg string) error
 }
+
+// Event is one event published in the instance.
+type Event struct {
+	Topic   string
+	Payload []byte
+}

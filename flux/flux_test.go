@@ -155,6 +155,54 @@ func TestHandle(t *testing.T) {
 		s1.Close()
 	})
 
+	t.Run("Events", func(t *testing.T) {
+		sctx, stop := context.WithCancel(ctx)
+		evs, err := h1.Subscribe(sctx, "dyadfs-test.")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := open(t, in.URIs[1])
+		closing, err := h.Subscribe(ctx, "dyadfs-test.")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			if err := h0.Publish(ctx, fmt.Sprintf("dyadfs-test.e%d", i), []byte{byte(i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := h0.Publish(ctx, "other.topic", nil); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			select {
+			case ev := <-evs:
+				if ev.Topic != fmt.Sprintf("dyadfs-test.e%d", i) || !bytes.Equal(ev.Payload, []byte{byte(i)}) {
+					t.Fatalf("event %d: %q %v", i, ev.Topic, ev.Payload)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("event %d did not arrive", i)
+			}
+		}
+		// Ending the context or closing the handle ends the channel.
+		stop()
+		h.Close()
+		for _, ch := range []<-chan flux.Event{evs, closing} {
+			deadline := time.After(10 * time.Second)
+		drain:
+			for {
+				select {
+				case _, ok := <-ch:
+					if !ok {
+						break drain
+					}
+				case <-deadline:
+					t.Fatal("a subscription's channel stayed open")
+				}
+			}
+		}
+	})
+
 	t.Run("Close", func(t *testing.T) {
 		h := open(t, in.URIs[1])
 		before := runtime.NumGoroutine()

@@ -13,6 +13,7 @@ package flux
 extern void goFluxWake(uintptr_t h);
 extern void goFluxFuture(flux_future_t *f, uintptr_t h);
 extern void goFluxRequest(flux_msg_t *msg, uintptr_t h);
+extern void goFluxEvent(flux_msg_t *msg, uintptr_t h);
 
 static void dyadfs_wake_cb(flux_reactor_t *r, flux_watcher_t *w, int revents, void *arg) {
 	goFluxWake((uintptr_t)arg);
@@ -38,6 +39,15 @@ flux_msg_handler_t *dyadfs_request_handler(flux_t *h, const char *glob, uintptr_
 	struct flux_match m = FLUX_MATCH_REQUEST;
 	m.topic_glob = (char *)glob;
 	return flux_msg_handler_create(h, m, dyadfs_request_cb, (void *)arg);
+}
+static void dyadfs_event_cb(flux_t *h, flux_msg_handler_t *mh, const flux_msg_t *msg, void *arg) {
+	goFluxEvent((flux_msg_t *)msg, (uintptr_t)arg);
+}
+
+flux_msg_handler_t *dyadfs_event_handler(flux_t *h, const char *glob, uintptr_t arg) {
+	struct flux_match m = FLUX_MATCH_EVENT;
+	m.topic_glob = (char *)glob;
+	return flux_msg_handler_create(h, m, dyadfs_event_cb, (void *)arg);
 }
 */
 import "C"
@@ -84,12 +94,19 @@ type Handle struct {
 	wakeR   int
 	pending map[*pendingFuture]struct{}
 	self    cgo.Handle
+	// handlers are the message handlers made from the handle (services,
+	// event subscriptions), released before the handle is closed.
+	handlers map[releaser]struct{}
 }
+
+// releaser frees what a message handler holds, on the reactor thread.
+type releaser interface{ release() }
 
 // Open connects to the broker at uri ("": FLUX_URI from the environment,
 // as every process of a Flux job has it) and starts the reactor thread.
 func Open(uri string) (*Handle, error) {
-	h := &Handle{calls: make(chan func(), 1024), done: make(chan struct{}), pending: make(map[*pendingFuture]struct{})}
+	h := &Handle{calls: make(chan func(), 1024), done: make(chan struct{}), pending: make(map[*pendingFuture]struct{}),
+		handlers: make(map[releaser]struct{})}
 	started := make(chan error, 1)
 	go h.loop(uri, started)
 	if err := <-started; err != nil {
@@ -158,6 +175,9 @@ func (h *Handle) loop(uri string, started chan<- error) {
 		p.self.Delete()
 	}
 	h.pending = nil
+	for r := range h.handlers {
+		r.release()
+	}
 }
 
 func uriOrDefault(uri string) string {

@@ -55,6 +55,7 @@ func (h *Handle) Serve(ctx context.Context, name string) (*Service, error) {
 			return
 		}
 		s.mh = mh
+		h.handlers[s] = struct{}{}
 		cname := C.CString(name)
 		f, err := C.flux_service_register(h.h, cname)
 		C.free(unsafe.Pointer(cname))
@@ -86,6 +87,7 @@ func (h *Handle) Serve(ctx context.Context, name string) (*Service, error) {
 
 // release frees what Serve made, on the reactor thread.
 func (s *Service) release() {
+	delete(s.h.handlers, s)
 	if s.mh != nil {
 		C.flux_msg_handler_destroy(s.mh)
 		s.mh = nil

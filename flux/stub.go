@@ -63,6 +63,12 @@ func (h *Handle) RPC(ctx context.Context, topic string, nodeid uint32, payload [
 func (h *Handle) Stream(ctx context.Context, topic string, nodeid uint32, payload []byte, each func([]byte) error) error {
 	return ErrNotBuilt
 }
+func (h *Handle) Subscribe(ctx context.Context, topic string) (<-chan Event, error) {
+	return nil, ErrNotBuilt
+}
+func (h *Handle) Publish(ctx context.Context, topic string, payload []byte) error {
+	return ErrNotBuilt
+}
 func (s *Service) Name() string                           { return "" }
 func (s *Service) Handle(method string, fn func(Request)) {}
 func (s *Service) Close() error                           { return ErrNotBuilt }

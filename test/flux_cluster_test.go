@@ -3,8 +3,10 @@
 package test
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -14,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dyadfs/dyadfs/dtl"
+	fluxdtl "github.com/dyadfs/dyadfs/dtl/flux"
+	"github.com/dyadfs/dyadfs/flux"
 	"github.com/dyadfs/dyadfs/flux/fluxtest"
 	"github.com/dyadfs/dyadfs/fs"
 )
@@ -28,7 +33,13 @@ import (
 func newFluxMounts(t *testing.T, n int, dtl string, flags ...string) []*mount {
 	t.Helper()
 	requireEnv(t)
-	in := fluxtest.Start(t, n)
+	return newFluxMountsIn(t, fluxtest.Start(t, n), dtl, flags...)
+}
+
+// newFluxMountsIn mounts dyadfs on every rank of the instance in.
+func newFluxMountsIn(t *testing.T, in *fluxtest.Instance, dtl string, flags ...string) []*mount {
+	t.Helper()
+	n := len(in.URIs)
 	id := make([]byte, 3)
 	rand.Read(id)
 	ns := "fjob" + hex.EncodeToString(id)
@@ -201,5 +212,71 @@ func TestFluxOwnerKilled(t *testing.T) {
 	})
 	if got != want {
 		t.Fatalf("after the owner came back: sha256 %s, want %s", got, want)
+	}
+}
+
+// TestFluxRefusals: a rank's daemon serves over Flux RPC only published,
+// complete files of its own backing directory, and only to requests that
+// carry the job secret's token.
+func TestFluxRefusals(t *testing.T) {
+	requireEnv(t)
+	in := fluxtest.Start(t, 2)
+	secret := filepath.Join(t.TempDir(), "secret")
+	os.WriteFile(secret, []byte("0123456789abcdef0123456789abcdef\n"), 0o600)
+	ms := newFluxMountsIn(t, in, "flux", "--secret-file", secret)
+	p := ms[0]
+	mustSh(t, p.mnt, "echo published > ok.dat && mkdir sub && ln -s /etc/passwd sub/escape")
+	os.WriteFile(filepath.Join(p.backing, "unpublished.dat"), []byte("x"), 0o644)
+	holder, stdin := startCmd(t, p.mnt, nil, "sh", "-c", "exec 3>busy.dat && echo partial >&3 && read x")
+	defer func() { stdin.Close(); <-holder }()
+	p.waitStatus("a writer holds busy.dat", func(st fs.Status) bool { return st.DMD.BusyFiles == 1 })
+	addr := strings.TrimPrefix(p.status().Info["transport"], "flux ")
+
+	h, err := flux.Open(in.URIs[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	probe := func(key string) *fluxdtl.Transport {
+		cfg := dtl.DefaultConfig()
+		cfg.Node, cfg.Secret = "probe", []byte(key)
+		cfg.DialTimeout, cfg.StallTimeout = 5*time.Second, 5*time.Second
+		tr, err := fluxdtl.New(h, "probe-"+key[:4], cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.Close() })
+		return tr
+	}
+	good, wrong := probe("0123456789abcdef0123456789abcdef"), probe("fedcba9876543210fedcba9876543210")
+	for _, tc := range []struct {
+		tr   *fluxdtl.Transport
+		path string
+		want error
+	}{
+		{good, "ok.dat", nil},
+		{good, "../etc/passwd", dtl.ErrOutside},
+		{good, "/etc/passwd", dtl.ErrOutside},
+		{good, "sub/escape", dtl.ErrOutside},
+		{good, ".dyadfs/tmp", dtl.ErrOutside},
+		{good, "unpublished.dat", dtl.ErrNotPublished},
+		{good, "busy.dat", dtl.ErrBusy},
+		{good, "missing.dat", dtl.ErrNotFound},
+		{wrong, "ok.dat", dtl.ErrUnauthorized},
+	} {
+		dst, err := os.CreateTemp(t.TempDir(), "got-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		info, err := tc.tr.Fetch(ctx, addr, dtl.Request{Path: tc.path}, dst)
+		cancel()
+		dst.Close()
+		switch {
+		case tc.want == nil && (err != nil || info.Size != int64(len("published\n"))):
+			t.Errorf("fetch %q: %v (%d bytes), want the file", tc.path, err, info.Size)
+		case tc.want != nil && !errors.Is(err, tc.want):
+			t.Errorf("fetch %q: %v, want %v", tc.path, err, tc.want)
+		}
 	}
 }
