@@ -6,10 +6,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -277,6 +279,87 @@ func TestFluxRefusals(t *testing.T) {
 			t.Errorf("fetch %q: %v (%d bytes), want the file", tc.path, err, info.Size)
 		case tc.want != nil && !errors.Is(err, tc.want):
 			t.Errorf("fetch %q: %v, want %v", tc.path, err, tc.want)
+		}
+	}
+}
+
+// TestFluxScript: scripts/flux-dyadfs.sh mounts dyadfs next to every
+// broker of an instance and unmounts it everywhere, waiting for the
+// daemons to exit; with --forget the job's KVS namespace goes too. A rank
+// that cannot mount fails the start, and the ranks that did are unmounted.
+func TestFluxScript(t *testing.T) {
+	requireEnv(t)
+	in := fluxtest.Start(t, 2)
+	dir := t.TempDir()
+	script, err := filepath.Abs("../scripts/flux-dyadfs.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mnt, backing := filepath.Join(dir, "mnt{rank}"), filepath.Join(dir, "backing{rank}")
+	mnts := []string{filepath.Join(dir, "mnt0"), filepath.Join(dir, "mnt1")}
+	t.Cleanup(func() {
+		for _, m := range mnts {
+			runOut("fusermount3", "-u", "-z", m)
+		}
+	})
+	env := []string{"FLUX_URI=" + in.URIs[0], "DYADFS=" + dyadfsBin, "DYADFS_BACKING=" + backing, "DYAD_KVS_NAMESPACE=scriptjob"}
+	runScript := func(args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*bound)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "bash", append([]string{script}, args...)...)
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := runScript("start", mnt, "--log-level", "debug"); err != nil {
+		t.Fatalf("start: %v\n%s", err, out)
+	}
+	mustSh(t, mnts[0], "echo from-rank-0 > f")
+	if got := mustSh(t, mnts[1], "cat f"); got != "from-rank-0\n" {
+		t.Fatalf("rank 1 read %q", got)
+	}
+	pids := []int{}
+	for _, m := range mnts {
+		var st fs.Status
+		b, err := os.ReadFile(filepath.Join(m, ".dyadfs", "status"))
+		if err != nil || json.Unmarshal(b, &st) != nil {
+			t.Fatalf("status of %s: %v", m, err)
+		}
+		pids = append(pids, st.PID)
+	}
+	if out, err := runScript("stop", mnt, "--forget"); err != nil || !strings.Contains(out, "forgot namespace scriptjob") {
+		t.Fatalf("stop: %v\n%s", err, out)
+	}
+	for i, m := range mnts {
+		if isMounted(m) {
+			t.Errorf("%s is still mounted", m)
+		}
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pids[i])); err == nil && strings.Fields(string(b))[2] != "Z" {
+			t.Errorf("the daemon of rank %d (pid %d) still runs after stop", i, pids[i])
+		}
+	}
+	h, err := flux.Open(in.URIs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	if names, err := h.ListDir(ctx, "dyadfs-scriptjob", "."); err == nil {
+		t.Errorf("the job's KVS namespace is still there after --forget: %v", names)
+	}
+
+	// A mount that fails on one rank (its backing directory is a file)
+	// fails the start, and leaves no rank mounted.
+	os.MkdirAll(filepath.Join(dir, "backing0"), 0o755)
+	os.RemoveAll(filepath.Join(dir, "backing1"))
+	os.WriteFile(filepath.Join(dir, "backing1"), nil, 0o644)
+	if out, err := runScript("start", mnt); err == nil || !strings.Contains(out, "did not start on every rank") {
+		t.Fatalf("start with a bad rank: %v\n%s", err, out)
+	}
+	for _, m := range mnts {
+		if isMounted(m) {
+			t.Errorf("%s is mounted after a failed start", m)
 		}
 	}
 }

@@ -559,8 +559,8 @@ const aliveFor = time.Second
 
 // rankAlive reports whether the daemon of the job on rank answers a ping.
 func (s *Store) rankAlive(ctx context.Context, rank uint32) bool {
-	if rank == s.h.Rank() {
-		return true
+	if rank == s.h.Rank() && !s.cfg.Client {
+		return true // this daemon
 	}
 	s.mu.Lock()
 	a, ok := s.alive[rank]
