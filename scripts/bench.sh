@@ -7,6 +7,10 @@
 #   scripts/bench.sh single [ARGS]   # one node: dyadfs against its backing filesystem;
 #                                    # ARGS go to the driver, e.g. -seq-bytes 1073741824
 #   scripts/bench.sh cluster         # two nodes over veth: network, disk, dyadfs end to end
+#   scripts/bench.sh ucx             # UCX: ucx_perftest baselines, dyadfs over TCP and UCX between
+#                                    # two namespaces; one host: shared memory against TCP loopback
+#   scripts/bench.sh flux            # Flux (when flux-core is installed): raw Flux RPC rates,
+#                                    # dyadfs with the Flux store over each transport, DYAD itself
 #   scripts/bench.sh compare OLD NEW [ROUNDS]
 #                                    # two dyadfs binaries, alternating (ROUNDS each, 3 by
 #                                    # default): the rows every release has, on two nodes
@@ -15,8 +19,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
 scripts/setup.sh >/dev/null
+. scripts/buildenv.sh
 what=${1:-all}
 shift || true
+# The tests' temporary directories (mounts, backing directories) go on
+# disk, not on /tmp's tmpfs, where a machine may have one.
+tmp=$(mktemp -d /var/tmp/dyadfs-bench-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
 
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -r), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 echo "disk: $(df -T /var/tmp | awk 'NR==2 {print $1, $2}')"
@@ -28,8 +37,6 @@ if [[ $what == compare ]]; then
 	old=${1:?usage: scripts/bench.sh compare OLD-BINARY NEW-BINARY [ROUNDS]}
 	new=${2:?usage: scripts/bench.sh compare OLD-BINARY NEW-BINARY [ROUNDS]}
 	rounds=${3:-3}
-	tmp=$(mktemp -d /var/tmp/dyadfs-bench-XXXXXX)
-	trap 'rm -rf "$tmp"' EXIT
 	go test -c -o "$tmp/test.bin" ./test/
 	go build -o "$tmp/bench.bin" ./scripts/bench
 	measure() {
@@ -58,10 +65,33 @@ fi
 if [[ $what == all || $what == cluster ]]; then
 	echo
 	echo "== two nodes over veth"
-	tmp=$(mktemp -d /var/tmp/dyadfs-bench-XXXXXX)
-	trap 'rm -rf "$tmp"' EXIT
 	TMPDIR=$tmp go test -run '^$' -bench '^BenchmarkCluster$' -benchtime 1x -timeout 30m ./test/ |
 		sed -n '/^ *figure/,/^latency is/p'
+fi
+
+if [[ $what == all || $what == ucx ]]; then
+	echo
+	if [[ ,$DYADFS_TAGS, != *,ucx,* ]]; then
+		echo "== UCX: skipped (built without UCX: libucx-dev is not installed)"
+	else
+		echo "== UCX between two namespaces (UCX_TLS=tcp)"
+		TMPDIR=$tmp go test -tags "$DYADFS_TAGS" -run '^$' -bench '^BenchmarkClusterTransports$' -benchtime 1x -timeout 30m ./test/ |
+			sed -n '/^ *figure/,/^latency is/p'
+		echo
+		echo "== UCX on one host: shared memory (UCX_TLS=sm,tcp) and TCP (UCX_TLS=tcp) against the TCP transport on loopback"
+		go test -tags "$DYADFS_TAGS" -run '^$' -bench . -benchtime 2s -timeout 30m ./dtl/ucx/ | grep -E '^(Benchmark|[a-z ]+:)'
+	fi
+fi
+
+if [[ $what == all || $what == flux ]]; then
+	echo
+	if [[ ,$DYADFS_TAGS, != *,flux,* ]]; then
+		echo "== Flux: skipped (flux-core is not installed: run ../shared/flux/install.sh)"
+	else
+		echo "== Flux: two brokers (flux start --test-size=2)"
+		TMPDIR=$tmp go test -tags "$DYADFS_TAGS" -run '^$' -bench '^BenchmarkFlux$' -benchtime 1x -timeout 30m ./test/ |
+			sed -n '/^ *figure/,$p' | grep -v -E '^(PASS|ok|goos|goarch|pkg|cpu)'
+	fi
 fi
 
 if [[ $what == all || $what == single ]]; then
