@@ -12,7 +12,8 @@
 # fails, naming the rank); stop unmounts on all ranks and, with --forget,
 # then deletes what the job kept in the KVS. Defaults, each overridable:
 #   DYADFS            the dyadfs binary on the nodes (dyadfs, from PATH)
-#   DYADFS_BACKING    node-local backing directory (/var/tmp/dyadfs-<namespace>)
+#   DYADFS_BACKING    node-local backing directory (dyadfs's default:
+#                     /var/tmp/dyadfs/<namespace>)
 #   DYAD_KVS_NAMESPACE the job's namespace (dyadfs-<FLUX_JOB_ID>, or dyadfs)
 #   DYAD_DTL_MODE     the transport (FLUX_RPC; or TCP, UCX)
 # "{rank}" in the mountpoint or backing directory becomes each broker's
@@ -32,7 +33,7 @@ if [[ -z ${FLUX_URI:-} ]]; then
 fi
 dyadfs=${DYADFS:-dyadfs}
 ns=${DYAD_KVS_NAMESPACE:-dyadfs${FLUX_JOB_ID:+-$FLUX_JOB_ID}}
-backing=${DYADFS_BACKING:-/var/tmp/dyadfs-$ns}
+backing=${DYADFS_BACKING:-}
 dtl=${DYAD_DTL_MODE:-FLUX_RPC}
 
 # on_every_rank runs a shell script next to every broker, with $rank set
@@ -50,8 +51,12 @@ on_every_rank() {
 case $what in
 start)
 	on_every_rank '
-		mkdir -p "$mnt" "$backing"
-		exec "$1" mount --store flux:// --namespace "$2" --dtl "$3" --backing "$backing" "${@:4}" "$mnt"' \
+		mkdir -p "$mnt"
+		if [[ -n $backing ]]; then
+			mkdir -p "$backing"
+			set -- "$1" "$2" "$3" --backing "$backing" "${@:4}"
+		fi
+		exec "$1" mount --store flux:// --namespace "$2" --dtl "$3" "${@:4}" "$mnt"' \
 		"$dyadfs" "$ns" "$dtl" "$@" ||
 		{
 			echo "$0: dyadfs did not start on every rank (see the lines above); stopping the others" >&2

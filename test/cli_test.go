@@ -2,9 +2,11 @@ package test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -66,7 +68,6 @@ func TestBadInput(t *testing.T) {
 		{"bad store", nil, usage, "unknown scheme", []string{"--store", "bogus://x", "--backing", backing, mnt}},
 		{"bad env", []string{"DYAD_KEY_BINS=lots"}, usage, "DYAD_KEY_BINS", []string{"--backing", backing, mnt}},
 		{"no mountpoint", nil, usage, "MOUNTPOINT", []string{"--backing", backing}},
-		{"no backing flag", nil, usage, "--backing is required", []string{mnt}},
 		{"missing backing", nil, backingErr, "does not exist", []string{"--backing", filepath.Join(dir, "nope"), mnt}},
 		{"backing is a file", nil, backingErr, "not a directory", []string{"--backing", file, mnt}},
 		{"backing inside mountpoint", nil, backingErr, "inside the mountpoint", []string{"--backing", inner, mnt}},
@@ -100,6 +101,12 @@ func TestBadInput(t *testing.T) {
 		if !isMounted(m.mnt) {
 			t.Fatal("the failed second mount unmounted the first")
 		}
+	})
+
+	t.Run("backing in use", func(t *testing.T) {
+		m := newMount(t)
+		_, mnt2, _ := mountDirs(t)
+		badMount(t, nil, backingErr, fmt.Sprintf("in use by the dyadfs daemon (pid %d) mounted at %s", m.pid, m.mnt), "--backing", m.backing, mnt2)
 	})
 
 	t.Run("no /dev/fuse", func(t *testing.T) {
@@ -163,5 +170,52 @@ func TestOtherCommands(t *testing.T) {
 	cmd = exec.Command(dyadfsBin, "frobnicate")
 	if err := cmd.Run(); !errors.As(err, &ee) || ee.ExitCode() != 2 {
 		t.Fatalf("unknown command: %v, want exit 2", err)
+	}
+}
+
+// TestMountWithoutBacking: the design card's command as written: with no
+// --backing, dyadfs stores the files in node-local scratch of its own,
+// /var/tmp/dyadfs/NAMESPACE, made 0700, and the status names it;
+// DYADFS_BACKING chooses another.
+func TestMountWithoutBacking(t *testing.T) {
+	requireEnv(t)
+	ns := "nobacking-" + strconv.Itoa(os.Getpid())
+	want := filepath.Join("/var/tmp/dyadfs", ns)
+	t.Cleanup(func() { os.RemoveAll(want) })
+	root := t.TempDir()
+	mnt := filepath.Join(root, "mnt")
+	os.Mkdir(mnt, 0o755)
+	logFile := filepath.Join(root, "log")
+	if out, err := dyadfs(t, "mount", "--namespace", ns, "--log-file", logFile, mnt); err != nil {
+		t.Fatalf("dyadfs mount MOUNTPOINT: %v %s", err, out)
+	}
+	m := &mount{t: t, mnt: mnt, backing: want, logFile: logFile}
+	m.pid = m.status().PID
+	t.Cleanup(m.cleanup)
+	if st := m.status(); st.Backing != want {
+		t.Fatalf("status names backing %q, want %q", st.Backing, want)
+	}
+	if info, err := os.Stat(want); err != nil || info.Mode().Perm() != 0o700 {
+		t.Fatalf("default backing directory: %v %v, want mode 0700", info, err)
+	}
+	mustSh(t, mnt, "echo hi > f")
+	if b, err := os.ReadFile(filepath.Join(want, "f")); err != nil || string(b) != "hi\n" {
+		t.Fatalf("the file in the default backing directory: %q %v", b, err)
+	}
+	if !strings.Contains(m.readLog(), "backing="+want) {
+		t.Errorf("the log does not name the backing directory:\n%s", m.readLog())
+	}
+	m.unmount()
+
+	// DYADFS_BACKING names the directory instead.
+	root2, mnt2, backing2 := mountDirs(t)
+	if out, err := dyadfsEnv(t, []string{"DYADFS_BACKING=" + backing2}, "mount", "--log-file", filepath.Join(root2, "log"), mnt2); err != nil {
+		t.Fatalf("dyadfs mount with DYADFS_BACKING: %v %s", err, out)
+	}
+	m2 := &mount{t: t, mnt: mnt2, backing: backing2, logFile: filepath.Join(root2, "log")}
+	m2.pid = m2.status().PID
+	t.Cleanup(m2.cleanup)
+	if st := m2.status(); st.Backing != backing2 {
+		t.Fatalf("with DYADFS_BACKING: backing %q, want %q", st.Backing, backing2)
 	}
 }

@@ -128,7 +128,7 @@ func BenchmarkFlux(b *testing.B) {
 			p = "DYAD UCX (UCX_TLS=tcp): "
 		}
 		if w.err != nil {
-			rows = append(rows, benchRow{name: p + "failed", unit: "-", value: math.NaN(), target: w.err.Error()})
+			rows = append(rows, benchRow{name: p + "failed", unit: "-", value: math.NaN(), target: fbOneLine(w.err.Error())})
 			continue
 		}
 		large := benchRow{name: p + "20 x 64 MiB pipelined", unit: "MB/s", value: w.large.mbPerSec()}
@@ -193,17 +193,17 @@ func fluxRPCBaselines(b *testing.B, in *fluxtest.Instance) fbBaselines {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { srv.Close() })
+	defer srv.Close()
 	cli, err := flux.Open(in.URIs[1])
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { cli.Close() })
+	defer cli.Close()
 	svc, err := srv.Serve(ctx, "fbench")
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { svc.Close() })
+	defer svc.Close()
 
 	data := make([]byte, fbTotal)
 	rand.Read(data)
@@ -845,6 +845,9 @@ func (f fbFlow) run() (res e2eResult, err error) {
 		}
 	}
 	consErr := cons.wait()
+	if consErr != nil {
+		cancel() // the producer would go on for nobody
+	}
 	prod.stdin.Close()
 	prodErr := <-prodDone
 	if prodErr != nil {

@@ -40,6 +40,9 @@ type mountConfig struct {
 	// nodeFromRank makes the node id the Flux broker's rank (a Flux
 	// store and no --node).
 	nodeFromRank bool
+	// defaultBacking says the backing directory is dyadfs's choice (no
+	// --backing, no DYADFS_BACKING): mount creates it.
+	defaultBacking bool
 
 	// Transport settings, used when the store is shared between nodes.
 	DTL          string
@@ -60,6 +63,7 @@ var envVars = []struct{ name, help string }{
 	{"DYAD_DTL_MODE", "data transport: --dtl (DYAD's UCX, FLUX_RPC and MARGO are recognised)"},
 	{"DYAD_ASYNC_PUBLISH", "a writer's close does not wait for its publish: --publish-wait 0"},
 	{"DYADFS_STORE", "metadata store URL: --store"},
+	{"DYADFS_BACKING", "node-local backing directory: --backing"},
 	{"DYADFS_LOG_LEVEL", "log level: --log-level"},
 }
 
@@ -93,6 +97,7 @@ func defaultMountConfig() (mountConfig, error) {
 		}
 	}
 	env("DYAD_KVS_NAMESPACE", func(v string) error { c.Locator.Namespace = v; return nil })
+	env(backingEnv, func(v string) error { c.DMD.Backing = v; return nil })
 	env("DYAD_KEY_DEPTH", func(v string) (err error) { c.Locator.KeyDepth, err = strconv.Atoi(v); return })
 	env("DYAD_KEY_BINS", func(v string) (err error) { c.Locator.KeyBins, err = strconv.Atoi(v); return })
 	env("DYAD_FSYNC_WRITE", func(v string) (err error) { c.DMD.FsyncOnPublish, err = parseBool(v); return })
@@ -133,7 +138,7 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 	f.SortFlags = false
 	f.Usage = func() {} // help goes to stdout through runHelp
 	v := &mountFlagValues{logLevel: strings.ToLower(c.LogLevel.String()), flags: f}
-	f.StringVar(&c.DMD.Backing, "backing", c.DMD.Backing, "node-local `DIR` that stores the managed directory's files (required)")
+	f.StringVar(&c.DMD.Backing, "backing", c.DMD.Backing, "node-local `DIR` that stores the managed directory's files (default: /var/tmp/dyadfs/NAMESPACE, created 0700; /var/tmp/dyadfs-UID/NAMESPACE for other users than root) (DYADFS_BACKING)")
 	f.StringVar(&c.DMD.Node, "node", c.DMD.Node, "this node's `ID`, the owner of the files it publishes (default: the hostname; with a Flux store, the broker's rank)")
 	f.StringVar(&c.StoreURL, "store", c.StoreURL, "metadata store `URL`: embedded:// (single node), etcd://host:port[,host:port...], or flux:// (the Flux KVS of the instance FLUX_URI names; the default inside a Flux job)")
 	f.StringVar(&c.Locator.Namespace, "namespace", c.Locator.Namespace, "job `NAME` that scopes metadata keys (DYAD_KVS_NAMESPACE)")
@@ -192,7 +197,7 @@ func (v *mountFlagValues) finish(c *mountConfig, args []string) error {
 		}
 	}
 	if c.DMD.Backing == "" {
-		return fail(exitUsage, "--backing is required: the node-local directory that stores the files (for example --backing /var/tmp/dmd-store)")
+		c.DMD.Backing, c.defaultBacking = defaultBacking(c.Locator.Namespace), true
 	}
 	var err error
 	if c.Mountpoint, err = filepath.Abs(args[0]); err != nil {

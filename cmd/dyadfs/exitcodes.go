@@ -5,7 +5,7 @@ const (
 	exitOK          = 0
 	exitInternal    = 1  // an unexpected failure; the message says what
 	exitUsage       = 2  // unknown command or flag, bad flag value
-	exitBacking     = 3  // backing directory missing, not a directory, not writable, inside the mount
+	exitBacking     = 3  // backing directory missing, not a directory, not writable, inside the mount, in use
 	exitMountpoint  = 4  // mountpoint missing, not a directory, already mounted
 	exitNoFuse      = 5  // /dev/fuse or fusermount3 missing
 	exitMountFailed = 6  // the kernel refused the mount

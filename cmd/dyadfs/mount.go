@@ -59,6 +59,11 @@ func runMount(args []string) (err error) {
 
 // preflight checks what a user can get wrong before anything is started.
 func preflight(c *mountConfig) error {
+	if c.defaultBacking {
+		if err := makeDefaultBacking(c.DMD.Backing); err != nil {
+			return fail(exitBacking, fmt.Sprintf("backing directory %s (the default): %v: pass --backing DIR on node-local storage", c.DMD.Backing, err))
+		}
+	}
 	st, err := os.Stat(c.DMD.Backing)
 	switch {
 	case errors.Is(err, iofs.ErrNotExist):
@@ -98,6 +103,16 @@ func preflight(c *mountConfig) error {
 	if within(c.Mountpoint, c.DMD.Backing) {
 		return fail(exitBacking, fmt.Sprintf("mountpoint %s is inside the backing directory %s: choose a mountpoint outside it", c.Mountpoint, c.DMD.Backing))
 	}
+
+	if fs := networkFS(c.DMD.Backing); fs != "" && !c.DMD.SharedStorage && !isDaemon() {
+		fmt.Fprintf(os.Stderr, "dyadfs: warning: backing directory %s is on %s, which other machines share: pass --shared-storage if every node mounts it, or use node-local storage\n", c.DMD.Backing, fs)
+	}
+	// Another daemon on this backing directory: say so before mounting.
+	l, err := lockBacking(c.DMD.Backing, c.DMD.Node, c.DMD.SharedStorage)
+	if err != nil {
+		return fail(exitBacking, err.Error())
+	}
+	l.release()
 
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		return fail(exitNoFuse, "/dev/fuse is missing: load the fuse module (modprobe fuse) or run where FUSE is available")
@@ -256,6 +271,10 @@ func serve(c *mountConfig, ready func(error)) (err error) {
 		return err
 	}
 	defer closeLog()
+	log.Info("starting", "mountpoint", c.Mountpoint, "backing", c.DMD.Backing, "store", c.StoreURL, "namespace", c.Locator.Namespace)
+	if fs := networkFS(c.DMD.Backing); fs != "" && !c.DMD.SharedStorage {
+		log.Warn("the backing directory is on a filesystem other machines share; pass --shared-storage if every node mounts it", "filesystem", fs)
+	}
 
 	// The daemon, built top to bottom: the store, the transport (when
 	// files move between nodes), the managed directory with its locator
@@ -273,6 +292,13 @@ func serve(c *mountConfig, ready func(error)) (err error) {
 		c.DMD.Node = strconv.FormatUint(uint64(h.Rank()), 10)
 		c.Transport.Node = c.DMD.Node
 	}
+	// One daemon per backing directory (and node, with shared storage).
+	lock, err := lockBacking(c.DMD.Backing, c.DMD.Node, c.DMD.SharedStorage)
+	if err != nil {
+		return fail(exitBacking, err.Error())
+	}
+	defer lock.release()
+	lock.say(fmt.Sprintf("the dyadfs daemon (pid %d) mounted at %s", os.Getpid(), c.Mountpoint))
 	store, err := openStore(ctx, c.StoreURL, c.Locator.Namespace, &fx, false)
 	if err != nil {
 		return fail(exitStore, fmt.Sprintf("metadata store: %v", err))

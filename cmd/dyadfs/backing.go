@@ -1,0 +1,115 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dyadfs/dyadfs/fs/dmd"
+)
+
+// backingEnv names a backing directory when --backing is not given.
+const backingEnv = "DYADFS_BACKING"
+
+// defaultBacking is node-local scratch for namespace: /var/tmp/dyadfs/NS
+// for root, /var/tmp/dyadfs-UID/NS for other users (a directory of root's
+// is not theirs to create in).
+func defaultBacking(namespace string) string {
+	base := "/var/tmp/dyadfs"
+	if uid := os.Getuid(); uid != 0 {
+		base += "-" + strconv.Itoa(uid)
+	}
+	return filepath.Join(base, namespace)
+}
+
+// makeDefaultBacking creates the default backing directory, readable by
+// its owner only (the files in it keep their own modes).
+func makeDefaultBacking(dir string) error {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	return nil
+}
+
+// networkFS names the filesystem under dir if it is one that other
+// machines share (by statfs magic), or "".
+func networkFS(dir string) string {
+	var st unix.Statfs_t
+	if unix.Statfs(dir, &st) != nil {
+		return ""
+	}
+	switch uint32(st.Type) {
+	case unix.NFS_SUPER_MAGIC:
+		return "NFS"
+	case 0x0bd00bd0:
+		return "Lustre"
+	case 0x47504653:
+		return "GPFS"
+	case unix.CIFS_SUPER_MAGIC, unix.SMB2_SUPER_MAGIC, unix.SMB_SUPER_MAGIC:
+		return "SMB/CIFS"
+	case unix.CEPH_SUPER_MAGIC:
+		return "CephFS"
+	case 0x19830326:
+		return "BeeGFS"
+	case unix.AFS_SUPER_MAGIC, 0x6b414653:
+		return "AFS"
+	}
+	return ""
+}
+
+// backingLock is the lock a daemon holds on its backing directory: one
+// daemon per node and backing directory (with shared storage, each node's
+// daemon locks a file of its own there, since all of them use it).
+type backingLock struct{ f *os.File }
+
+func lockName(node string, shared bool) string {
+	if shared {
+		return "daemon-" + node + ".lock"
+	}
+	return "daemon.lock"
+}
+
+// lockBacking takes the lock, or says which daemon holds it.
+func lockBacking(dir, node string, shared bool) (*backingLock, error) {
+	internal := filepath.Join(dir, dmd.InternalDir)
+	if err := os.MkdirAll(internal, 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(internal, lockName(node, shared)), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(f.Name())
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			who := strings.TrimSpace(string(holder))
+			if who == "" {
+				who = "another dyadfs daemon"
+			}
+			return nil, fmt.Errorf("backing directory %s is in use by %s: pass another --backing", dir, who)
+		}
+		return nil, err
+	}
+	return &backingLock{f: f}, nil
+}
+
+// say records who holds the lock, for the next daemon's message.
+func (l *backingLock) say(who string) {
+	l.f.Truncate(0)
+	l.f.WriteAt([]byte(who+"\n"), 0)
+}
+
+func (l *backingLock) release() {
+	if l != nil {
+		l.f.Close()
+	}
+}
