@@ -43,6 +43,12 @@ type Config struct {
 	// does when its process says nothing (see caller.RoleOf): wait for
 	// the path (true), or fail with ENOENT.
 	WaitMissing bool
+	// NeverWait are base-name patterns (path.Match) that a read-only open
+	// never waits for, whatever the process says: configuration files that
+	// libraries probe in the working directory when a program starts (UCX
+	// reads ./ucx.conf), which no producer publishes. Without them, an MPI
+	// program started in the mount would hang before main.
+	NeverWait []string
 	// Options are extra mount options (-o).
 	Options []string
 	// Debug logs every FUSE request.
@@ -57,7 +63,7 @@ type Config struct {
 
 // DefaultConfig returns the defaults; Mountpoint must still be set.
 func DefaultConfig() Config {
-	return Config{CacheTTL: time.Hour, Passthrough: true, WaitMissing: true}
+	return Config{CacheTTL: time.Hour, Passthrough: true, WaitMissing: true, NeverWait: []string{"ucx.conf"}}
 }
 
 // Validate checks the configuration.

@@ -132,9 +132,15 @@ func (fsys *FS) lookupMissing(ctx context.Context, parent *gofs.Inode, rel strin
 }
 
 // waits reports whether the process of thread tid, opening rel (missing)
-// read-only, waits for it: what its environment says (see caller.RoleOf),
-// else the mount's default.
+// read-only, waits for it: never for a name in Config.NeverWait, else what
+// its environment says (see caller.RoleOf), else the mount's default.
 func (fsys *FS) waits(tid uint32, rel string) bool {
+	base := path.Base(rel)
+	for _, pat := range fsys.cfg.NeverWait {
+		if ok, _ := path.Match(pat, base); ok {
+			return false
+		}
+	}
 	switch caller.RoleOf(tid, path.Join(fsys.cfg.Mountpoint, rel)) {
 	case caller.RoleWait:
 		return true

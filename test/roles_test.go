@@ -81,6 +81,23 @@ func TestWhoWaits(t *testing.T) {
 		})
 	})
 
+	// Configuration files libraries probe at start-up never wait, even
+	// for a consumer; --never-wait names others, or none.
+	enoent("DYAD_PATH_CONSUMER="+m.mnt, "ucx.conf")
+	probes := newMount(t, "--never-wait", "*.probe,x?.ini")
+	for _, rel := range []string{"a.probe", "dir/b.probe", "x1.ini"} {
+		if r := run(t, probes.mnt, "cat", rel); r.err == nil || !strings.Contains(r.stderr, "No such file") {
+			t.Fatalf("cat %s under --never-wait: %v", rel, r)
+		}
+	}
+	all := newMount(t, "--never-wait", "")
+	ucxConf := start(t, all.mnt, "cat", "ucx.conf")
+	all.waitStatus("ucx.conf waited for under --never-wait ''", waiting(1))
+	mustSh(t, all.mnt, "printf conf > ucx.conf")
+	if r := within(t, "cat ucx.conf", bound, ucxConf); r.err != nil || r.stdout != "conf" {
+		t.Fatalf("cat ucx.conf under --never-wait '': %v", r)
+	}
+
 	nowait := newMount(t, "--wait-missing=false")
 	r := run(t, nowait.mnt, "cat", "f")
 	if r.err == nil || !strings.Contains(r.stderr, "No such file") {
@@ -91,6 +108,24 @@ func TestWhoWaits(t *testing.T) {
 	mustSh(t, nowait.mnt, "printf g > g")
 	if r := within(t, "the consumer", bound, ch); r.err != nil || r.stdout != "g" {
 		t.Fatalf("a consumer under --wait-missing=false: %v", r)
+	}
+}
+
+// TestUCXProgramStartsInMount: a program linked with UCX (MPI programs
+// are) reads ./ucx.conf before main; started in the mount, it must not wait
+// for it.
+func TestUCXProgramStartsInMount(t *testing.T) {
+	requireEnv(t)
+	if _, err := exec.LookPath("ucx_info"); err != nil {
+		t.Skip("skipping: ucx_info is not installed (Debian's ucx-utils): run scripts/setup.sh")
+	}
+	m := newMount(t)
+	ch := start(t, m.mnt, "ucx_info", "-v")
+	if r := within(t, "ucx_info -v started in the mount", bound, ch); r.err != nil || !strings.Contains(r.stdout, "Version") {
+		t.Fatalf("ucx_info -v in the mount: %v", r)
+	}
+	if st := m.status(); len(st.Waiters) != 0 {
+		t.Fatalf("waiting opens after ucx_info: %+v", st.Waiters)
 	}
 }
 

@@ -68,6 +68,10 @@ func networkFS(dir string) string {
 // backingLock is the lock a daemon holds on its backing directory: one
 // daemon per node and backing directory (with shared storage, each node's
 // daemon locks a file of its own there, since all of them use it).
+//
+// The lock's file is held open read-only: a file open for writing would keep
+// the backing filesystem from being remounted read-only (an operator's way to
+// stop writes to a failing disk).
 type backingLock struct{ f *os.File }
 
 func lockName(node string, shared bool) string {
@@ -83,7 +87,7 @@ func lockBacking(dir, node string, shared bool) (*backingLock, error) {
 	if err := os.MkdirAll(internal, 0o755); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(filepath.Join(internal, lockName(node, shared)), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o644)
+	f, err := os.OpenFile(filepath.Join(internal, lockName(node, shared)), os.O_RDONLY|os.O_CREATE|unix.O_CLOEXEC, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -104,8 +108,7 @@ func lockBacking(dir, node string, shared bool) (*backingLock, error) {
 
 // say records who holds the lock, for the next daemon's message.
 func (l *backingLock) say(who string) {
-	l.f.Truncate(0)
-	l.f.WriteAt([]byte(who+"\n"), 0)
+	os.WriteFile(l.f.Name(), []byte(who+"\n"), 0o644)
 }
 
 func (l *backingLock) release() {

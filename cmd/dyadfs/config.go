@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -146,6 +147,7 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 	f.IntVar(&c.Locator.KeyBins, "key-bins", c.Locator.KeyBins, "bins per level of the hashed metadata key (DYAD_KEY_BINS)")
 	f.DurationVar(&c.DMD.WaitTimeout, "wait-timeout", c.DMD.WaitTimeout, "bound on how long an open waits for a file (0: forever); on expiry open fails with ETIMEDOUT")
 	f.BoolVar(&c.FS.WaitMissing, "wait-missing", c.FS.WaitMissing, "a read-only open of a path published nowhere waits for it, unless its process says otherwise ("+caller.EnvWait+", "+caller.EnvConsumer+", "+caller.EnvProducer+"); false: ENOENT unless it says it waits")
+	f.StringSliceVar(&c.FS.NeverWait, "never-wait", c.FS.NeverWait, "base-name `PATTERNS` (comma-separated globs) a read-only open never waits for, whoever asks: configuration files libraries probe at start-up in the working directory (\"\" to wait for every name)")
 	f.DurationVar(&c.DMD.CloseWait, "publish-wait", c.DMD.CloseWait, "with other nodes, a writer's close publishes the file and fails if the store refuses it (ENOSPC when full, EACCES when denied) or does not answer within this time (EIO); 0: close returns at once and the publish follows (DYAD_ASYNC_PUBLISH)")
 	f.BoolVar(&c.DMD.FsyncOnPublish, "fsync-on-publish", c.DMD.FsyncOnPublish, "make file data durable before publishing it (DYAD_FSYNC_WRITE)")
 	f.BoolVar(&c.DMD.SharedStorage, "shared-storage", c.DMD.SharedStorage, "all nodes see the same backing storage: wait for records, never transfer (DYAD_SHARED_STORAGE)")
@@ -221,6 +223,11 @@ func (v *mountFlagValues) finish(c *mountConfig, args []string) error {
 	}
 	if c.DMD.CloseWait < 0 {
 		return fail(exitUsage, fmt.Sprintf("--publish-wait %v must not be negative (0: close does not wait)", c.DMD.CloseWait))
+	}
+	for _, pat := range c.FS.NeverWait {
+		if _, err := path.Match(pat, ""); err != nil || strings.Contains(pat, "/") {
+			return fail(exitUsage, fmt.Sprintf("--never-wait %q: want base-name globs such as ucx.conf or *.conf, without slashes", pat))
+		}
 	}
 	if c.FS.CacheTTL < 0 {
 		return fail(exitUsage, fmt.Sprintf("--cache-ttl %v must not be negative", c.FS.CacheTTL))

@@ -41,6 +41,7 @@ type clientOp struct {
 	sent     bool // the request went out
 	reused   bool // on an endpoint that served earlier requests
 	answered bool // some answer arrived
+	pulling  int  // chunks being received (tuning.pulls at most)
 	// settled is set by the worker once the op left its endpoint's
 	// registry with its last event queued: the caller then has nothing
 	// to cancel.

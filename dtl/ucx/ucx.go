@@ -33,6 +33,13 @@ const (
 	// window bounds the chunks of one transfer in flight, so that many
 	// transfers share the pools.
 	window = 8
+	// pulls bounds the chunks of one transfer a consumer receives at once.
+	// Chunks pulled together share the link, and a stalled transfer is
+	// one that completes no chunk within the stall timeout: with the
+	// whole window pulled at once over a slow link (8 MiB at 2 MB/s), no
+	// chunk completes for seconds although bytes flow. Two keep one
+	// rendezvous handshake overlapped with the other chunk's data.
+	pulls = 2
 	// inlineMax: files up to this size travel whole in one eager message
 	// with their description (one message each way).
 	inlineMax = 32 << 10
@@ -53,12 +60,13 @@ type tuning struct {
 	chunk                int
 	sendSlots, recvSlots int
 	window               int
+	pulls                int
 	idleTTL, serverIdle  time.Duration
 }
 
 func defaultTuning() tuning {
 	return tuning{
-		chunk: chunkSize, sendSlots: sendSlots, recvSlots: recvSlots, window: window,
+		chunk: chunkSize, sendSlots: sendSlots, recvSlots: recvSlots, window: window, pulls: pulls,
 		idleTTL: idleTTL, serverIdle: serverIdle,
 	}
 }

@@ -572,19 +572,25 @@ func (w *worker) handle(e *endpoint, h header, payload []byte) {
 }
 
 // startPending receives the waiting chunks that a free buffer can take,
-// oldest first.
+// oldest first, at most tuning.pulls of one live transfer at a time.
 func (w *worker) startPending() {
-	for len(w.pending) > 0 {
+	kept := w.pending[:0]
+	for i, pd := range w.pending {
+		live := pd.ep.ops[pd.op.id] == pd.op
+		if live && pd.op.pulling >= w.t.tun.pulls {
+			kept = append(kept, pd)
+			continue
+		}
 		slot, ok := w.recvPool.tryGet()
 		if !ok {
-			return
+			kept = append(kept, w.pending[i:]...)
+			break
 		}
-		pd := w.pending[0]
-		w.pending[0] = pendingData{}
-		w.pending = w.pending[1:]
-		w.npending.Store(int32(len(w.pending)))
 		w.receive(pd, slot)
 	}
+	clear(w.pending[len(kept):])
+	w.pending = kept
+	w.npending.Store(int32(len(w.pending)))
 }
 
 // receive pulls a rendezvous chunk into a receive buffer and hands it to
@@ -593,7 +599,9 @@ func (w *worker) startPending() {
 // completes normally) and its buffer freed.
 func (w *worker) receive(pd pendingData, slot int) {
 	op := pd.op
+	op.pulling++
 	r, hd := w.newRequest(nil, func(err error, n int64) {
+		op.pulling--
 		if err == nil && n != pd.n {
 			err = protoErr("chunk of %d bytes at %d: %d arrived", pd.n, pd.off, n)
 		}
