@@ -65,12 +65,16 @@ func BenchmarkFlux(b *testing.B) {
 	// (b) dyadfs with the Flux KVS as its store.
 	dyadfsRes := map[string]fbWorkloads{}
 	for _, dtl := range []string{"flux", "tcp"} {
-		w := dyadfsOnFlux(b, in, dtl)
+		w := dyadfsOnFlux(b, in, dtl, false)
 		dyadfsRes[dtl] = w
 		progress("dyadfs --dtl "+dtl+": 1,000 x 4 KiB pipelined", "files/s", w.small.filesPerSec())
 		progress("dyadfs --dtl "+dtl+": 4 KiB latency p50", "us", w.lock.percentile(0.5))
 		progress("dyadfs --dtl "+dtl+": 20 x 64 MiB pipelined", "MB/s", w.large.mbPerSec())
 	}
+	// A close that does not wait for the KVS commit (DYAD_ASYNC_PUBLISH):
+	// what the producer's synchronous publish costs the pipeline.
+	async := dyadfsOnFlux(b, in, "flux", true, "--publish-wait", "0")
+	progress("dyadfs --dtl flux --publish-wait 0: 1,000 x 4 KiB pipelined", "files/s", async.small.filesPerSec())
 
 	// (c) DYAD itself. Its failures are rows of the table, not the
 	// benchmark's.
@@ -121,6 +125,11 @@ func BenchmarkFlux(b *testing.B) {
 				ratio: ratioTo(w.large.mbPerSec(), largeRef), target: largeTarget},
 		)
 	}
+	rows = append(rows,
+		benchRow{name: "dyadfs --dtl flux --publish-wait 0: 1,000 x 4 KiB pipelined", unit: "files/s", value: async.small.filesPerSec(),
+			ratio: ratioTo(async.small.filesPerSec(), dyadRes["FLUX_RPC"].filesPerSec()), target: "vs DYAD FLUX_RPC"},
+		benchRow{name: "dyadfs --dtl flux --publish-wait 0: producer's close of a 4 KiB file p50", unit: "us", value: async.small.closePercentile(0.5)},
+	)
 	for _, mode := range []string{"FLUX_RPC", "UCX"} {
 		w := dyadRes[mode]
 		p := "DYAD " + mode + ": "
@@ -340,7 +349,7 @@ func fbPercentile(sorted []float64, p float64) float64 {
 
 // dyadfsOnFlux mounts dyadfs on both ranks with the Flux KVS as the store
 // and transport dtl, runs the three workloads and unmounts.
-func dyadfsOnFlux(b *testing.B, in *fluxtest.Instance, dtl string) fbWorkloads {
+func dyadfsOnFlux(b *testing.B, in *fluxtest.Instance, dtl string, smallOnly bool, extra ...string) fbWorkloads {
 	id := make([]byte, 3)
 	rand.Read(id)
 	ns := "fbench" + hex.EncodeToString(id)
@@ -348,6 +357,7 @@ func dyadfsOnFlux(b *testing.B, in *fluxtest.Instance, dtl string) fbWorkloads {
 	for r := range ms {
 		args := []string{"--store", "flux://", "--namespace", ns, "--dtl", dtl,
 			"--fetch-timeout", "30s", "--stall-timeout", "2s"}
+		args = append(args, extra...)
 		if dtl == "tcp" {
 			args = append(args, "--listen", "127.0.0.1:"+fbFreePort(b))
 		}
@@ -385,6 +395,9 @@ func dyadfsOnFlux(b *testing.B, in *fluxtest.Instance, dtl string) fbWorkloads {
 	}
 	var w fbWorkloads
 	w.small = run("small", 1000, 4096, false)
+	if smallOnly {
+		return w
+	}
 	w.lock = run("lockstep", 1000, 4096, true)
 	w.large = run("large", 20, 64<<20, false)
 	return w

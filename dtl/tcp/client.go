@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/dyadfs/dyadfs/dtl"
+
+	"github.com/dyadfs/dyadfs/dtl/peerauth"
 )
 
 // clientConn is an authenticated connection to one server. A Fetch or a
@@ -449,7 +451,7 @@ func (t *Transport) handshake(cc *clientConn) error {
 		return fmt.Errorf("tcp transport: %w: handshake with %s: %w", dtl.ErrUnavailable, addr, err)
 	}
 	cc.conn.SetDeadline(time.Now().Add(t.cfg.DialTimeout))
-	h := hello{Version: protoVersion, Nonce: newNonce(), Node: t.cfg.Node}
+	h := hello{Version: protoVersion, Nonce: peerauth.NewNonce(), Node: t.cfg.Node}
 	cc.out = appendHello(cc.out[:0], h)
 	if _, err := cc.conn.Write(cc.out); err != nil {
 		return unavailable(err)
@@ -470,13 +472,13 @@ func (t *Transport) handshake(cc *clientConn) error {
 	if err != nil {
 		return unavailable(err)
 	}
-	pr := proof{clientNonce: h.Nonce, serverNonce: ch.Nonce, clientNode: h.Node, serverNode: ch.Node}
-	if !validMAC(t.cfg.Secret, labelServer, pr, ch.MAC) {
+	pr := peerauth.Proof{ClientNonce: h.Nonce, ServerNonce: ch.Nonce, ClientNode: h.Node, ServerNode: ch.Node}
+	if !peerauth.Valid(t.cfg.Secret, labelServer, pr, ch.MAC) {
 		t.log.Warn("refused server: it does not hold this job's secret", "addr", addr, "node", ch.Node)
 		return fmt.Errorf("tcp transport: %s: %w", addr, &dtl.RemoteError{Err: dtl.ErrUnauthorized, Msg: fmt.Sprintf("server %q could not prove it holds this job's secret", ch.Node)})
 	}
 	cc.node = ch.Node
-	cc.out = appendAuth(cc.out[:0], authMsg{MAC: mac(t.cfg.Secret, labelClient, pr)})
+	cc.out = appendAuth(cc.out[:0], authMsg{MAC: peerauth.Sign(t.cfg.Secret, labelClient, pr)})
 	if _, err := cc.conn.Write(cc.out); err != nil {
 		return unavailable(err)
 	}

@@ -14,6 +14,8 @@ import (
 
 	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/dtl/dtltest"
+
+	"github.com/dyadfs/dyadfs/dtl/peerauth"
 )
 
 // Tests of dtl.Messenger: messages between two real transports, and a
@@ -475,8 +477,8 @@ func TestServerNodeBound(t *testing.T) {
 		if err != nil {
 			return
 		}
-		ch := challenge{Version: protoVersion, Nonce: newNonce(), Node: "owner"}
-		ch.MAC = mac(secret, labelServer, proof{clientNonce: h.Nonce, serverNonce: ch.Nonce, clientNode: h.Node, serverNode: "impostor"})
+		ch := challenge{Version: protoVersion, Nonce: peerauth.NewNonce(), Node: "owner"}
+		ch.MAC = peerauth.Sign(secret, labelServer, peerauth.Proof{ClientNonce: h.Nonce, ServerNonce: ch.Nonce, ClientNode: h.Node, ServerNode: "impostor"})
 		c.Write(appendChallenge(nil, ch))
 		readFrame(br, &buf)
 	}()

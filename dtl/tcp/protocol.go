@@ -8,6 +8,8 @@ import (
 	"io"
 
 	"github.com/dyadfs/dyadfs/dtl"
+
+	"github.com/dyadfs/dyadfs/dtl/peerauth"
 )
 
 // The wire format. Every message is a frame:
@@ -70,9 +72,9 @@ const (
 	// maxFrame bounds every frame's payload: a peer announcing more
 	// breaks the protocol.
 	maxFrame = 64 << 10
-	nonceLen = 32
-	macLen   = 32
-	maxNode  = 255
+	nonceLen = peerauth.NonceLen
+	macLen   = peerauth.MACLen
+	maxNode  = peerauth.MaxNode
 	// maxPath is Linux's PATH_MAX: no longer path names a file.
 	maxPath = 4096
 	// maxMsg bounds an error message (longer ones are cut).

@@ -9,12 +9,14 @@ import (
 	"testing"
 
 	"github.com/dyadfs/dyadfs/dtl"
+
+	"github.com/dyadfs/dyadfs/dtl/peerauth"
 )
 
 // validClientStreams are well-formed client byte streams: the seed corpus.
 func validClientStreams() [][]byte {
-	h := hello{Version: protoVersion, Nonce: newNonce(), Node: "node-1"}
-	a := authMsg{MAC: mac([]byte("0123456789abcdef"), labelClient, proof{clientNonce: h.Nonce, serverNonce: newNonce(), clientNode: h.Node, serverNode: "owner"})}
+	h := hello{Version: protoVersion, Nonce: peerauth.NewNonce(), Node: "node-1"}
+	a := authMsg{MAC: peerauth.Sign([]byte("0123456789abcdef"), labelClient, peerauth.Proof{ClientNonce: h.Nonce, ServerNonce: peerauth.NewNonce(), ClientNode: h.Node, ServerNode: "owner"})}
 	var full []byte
 	full = appendHello(full, h)
 	full = appendAuth(full, a)
@@ -198,7 +200,7 @@ func TestRoundTrip(t *testing.T) {
 			}
 		}
 	}
-	h := hello{Version: protoVersion, Nonce: newNonce(), Node: "n"}
+	h := hello{Version: protoVersion, Nonce: peerauth.NewNonce(), Node: "n"}
 	got, err := decodeHello(appendHello(nil, h)[frameHeader:])
 	if err != nil || !reflect.DeepEqual(got, h) {
 		t.Errorf("hello: %+v %v", got, err)

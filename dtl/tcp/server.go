@@ -15,6 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dyadfs/dyadfs/dtl"
+
+	"github.com/dyadfs/dyadfs/dtl/peerauth"
 )
 
 // lingerTime bounds how long a server reads what a refused peer still sends
@@ -213,9 +215,9 @@ func (sc *serverConn) handshake() bool {
 		return false
 	}
 	sc.node = h.Node
-	ch := challenge{Version: protoVersion, Nonce: newNonce(), Node: t.cfg.Node}
-	pr := proof{clientNonce: h.Nonce, serverNonce: ch.Nonce, clientNode: h.Node, serverNode: ch.Node}
-	ch.MAC = mac(t.cfg.Secret, labelServer, pr)
+	ch := challenge{Version: protoVersion, Nonce: peerauth.NewNonce(), Node: t.cfg.Node}
+	pr := peerauth.Proof{ClientNonce: h.Nonce, ServerNonce: ch.Nonce, ClientNode: h.Node, ServerNode: ch.Node}
+	ch.MAC = peerauth.Sign(t.cfg.Secret, labelServer, pr)
 	if err := sc.send(appendChallenge(sc.out[:0], ch)); err != nil {
 		return false
 	}
@@ -239,7 +241,7 @@ func (sc *serverConn) handshake() bool {
 		sc.refuse(codeProtocol, nil, err.Error())
 		return false
 	}
-	if !validMAC(t.cfg.Secret, labelClient, pr, a.MAC) {
+	if !peerauth.Valid(t.cfg.Secret, labelClient, pr, a.MAC) {
 		sc.refuse(codeUnauthorized, nil, "the peer does not hold this job's secret")
 		return false
 	}

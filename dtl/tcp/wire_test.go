@@ -15,6 +15,8 @@ import (
 
 	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/dtl/dtltest"
+
+	"github.com/dyadfs/dyadfs/dtl/peerauth"
 )
 
 // Tests that speak the wire protocol by hand: raw clients against a real
@@ -75,7 +77,7 @@ func (r *rawConn) expectEOF() {
 // authenticate runs the client's handshake by hand.
 func (r *rawConn) authenticate(secret []byte) {
 	r.t.Helper()
-	h := hello{Version: protoVersion, Nonce: newNonce(), Node: "raw"}
+	h := hello{Version: protoVersion, Nonce: peerauth.NewNonce(), Node: "raw"}
 	r.write(appendHello(nil, h))
 	typ, p, err := r.read()
 	if err != nil || typ != tChallenge {
@@ -85,8 +87,8 @@ func (r *rawConn) authenticate(secret []byte) {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	pr := proof{clientNonce: h.Nonce, serverNonce: ch.Nonce, clientNode: h.Node, serverNode: ch.Node}
-	r.write(appendAuth(nil, authMsg{MAC: mac(secret, labelClient, pr)}))
+	pr := peerauth.Proof{ClientNonce: h.Nonce, ServerNonce: ch.Nonce, ClientNode: h.Node, ServerNode: ch.Node}
+	r.write(appendAuth(nil, authMsg{MAC: peerauth.Sign(secret, labelClient, pr)}))
 	if typ, _, err := r.read(); err != nil || typ != tReady {
 		r.t.Fatalf("got %v %v, want ready", typ, err)
 	}
@@ -171,7 +173,7 @@ func TestRawClients(t *testing.T) {
 	})
 	t.Run("GetWithoutAuth", func(t *testing.T) {
 		r := rawDial(t, addr)
-		r.write(appendHello(nil, hello{Version: protoVersion, Nonce: newNonce()}))
+		r.write(appendHello(nil, hello{Version: protoVersion, Nonce: peerauth.NewNonce()}))
 		if typ, _, err := r.read(); typ != tChallenge || err != nil {
 			t.Fatalf("got %v %v, want a challenge", typ, err)
 		}
@@ -180,7 +182,7 @@ func TestRawClients(t *testing.T) {
 	})
 	t.Run("WrongMAC", func(t *testing.T) {
 		r := rawDial(t, addr)
-		r.write(appendHello(nil, hello{Version: protoVersion, Nonce: newNonce()}))
+		r.write(appendHello(nil, hello{Version: protoVersion, Nonce: peerauth.NewNonce()}))
 		if typ, _, err := r.read(); typ != tChallenge || err != nil {
 			t.Fatalf("got %v %v, want a challenge", typ, err)
 		}
@@ -189,7 +191,7 @@ func TestRawClients(t *testing.T) {
 	})
 	t.Run("MsgWithoutAuth", func(t *testing.T) {
 		r := rawDial(t, addr)
-		r.write(appendHello(nil, hello{Version: protoVersion, Nonce: newNonce()}))
+		r.write(appendHello(nil, hello{Version: protoVersion, Nonce: peerauth.NewNonce()}))
 		if typ, _, err := r.read(); typ != tChallenge || err != nil {
 			t.Fatalf("got %v %v, want a challenge", typ, err)
 		}
@@ -200,21 +202,21 @@ func TestRawClients(t *testing.T) {
 		// A client's proof covers the node id of its hello: a proof
 		// made for another id is refused.
 		r := rawDial(t, addr)
-		h := hello{Version: protoVersion, Nonce: newNonce(), Node: "raw"}
+		h := hello{Version: protoVersion, Nonce: peerauth.NewNonce(), Node: "raw"}
 		r.write(appendHello(nil, h))
 		_, p, _ := r.read()
 		ch, err := decodeChallenge(p)
 		if err != nil {
 			t.Fatal(err)
 		}
-		pr := proof{clientNonce: h.Nonce, serverNonce: ch.Nonce, clientNode: "other", serverNode: ch.Node}
-		r.write(appendAuth(nil, authMsg{MAC: mac(secret, labelClient, pr)}))
+		pr := peerauth.Proof{ClientNonce: h.Nonce, ServerNonce: ch.Nonce, ClientNode: "other", ServerNode: ch.Node}
+		r.write(appendAuth(nil, authMsg{MAC: peerauth.Sign(secret, labelClient, pr)}))
 		r.expectError(codeUnauthorized)
 	})
 	t.Run("ReplayedServerMAC", func(t *testing.T) {
 		// The server's own proof is no proof for a client.
 		r := rawDial(t, addr)
-		h := hello{Version: protoVersion, Nonce: newNonce()}
+		h := hello{Version: protoVersion, Nonce: peerauth.NewNonce()}
 		r.write(appendHello(nil, h))
 		_, p, _ := r.read()
 		ch, err := decodeChallenge(p)
@@ -350,8 +352,8 @@ func fakeServerFrames(t *testing.T, secret []byte, node string, handle func(c ne
 				if err != nil {
 					return
 				}
-				ch := challenge{Version: protoVersion, Nonce: newNonce(), Node: node}
-				ch.MAC = mac(secret, labelServer, proof{clientNonce: h.Nonce, serverNonce: ch.Nonce, clientNode: h.Node, serverNode: ch.Node})
+				ch := challenge{Version: protoVersion, Nonce: peerauth.NewNonce(), Node: node}
+				ch.MAC = peerauth.Sign(secret, labelServer, peerauth.Proof{ClientNonce: h.Nonce, ServerNonce: ch.Nonce, ClientNode: h.Node, ServerNode: ch.Node})
 				c.Write(appendChallenge(nil, ch))
 				if typ, _, err := readFrame(br, &buf); err != nil || typ != tAuth {
 					return

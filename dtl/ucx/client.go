@@ -21,6 +21,8 @@ import (
 	"unsafe"
 
 	"github.com/dyadfs/dyadfs/dtl"
+
+	"github.com/dyadfs/dyadfs/dtl/peerauth"
 )
 
 // clientOp is one Fetch or Message: its own state and completion signal
@@ -459,7 +461,7 @@ func (w *worker) dial(addr string, ap netip.AddrPort) (*endpoint, error) {
 	w.eps[e.ep] = e
 	w.peers[addr] = e
 	w.nEndpoints.Add(1)
-	e.clientNonce = newNonce()
+	e.clientNonce = peerauth.NewNonce()
 	w.send(e, header{typ: tHello, version: protoVersion}, appendHello(nil, hello{nonce: e.clientNonce, node: w.t.cfg.Node}), nil)
 	return e, nil
 }
@@ -668,14 +670,14 @@ func (w *worker) onChallenge(e *endpoint, h header, p []byte) {
 		return
 	}
 	secret := w.t.cfg.Secret
-	pr := proof{clientNonce: e.clientNonce, serverNonce: c.nonce, clientNode: w.t.cfg.Node, serverNode: c.node}
-	if !validMAC(secret, labelServer, pr, c.mac) {
+	pr := peerauth.Proof{ClientNonce: e.clientNonce, ServerNonce: c.nonce, ClientNode: w.t.cfg.Node, ServerNode: c.node}
+	if !peerauth.Valid(secret, labelServer, pr, c.mac) {
 		w.log.Warn("refused server: it does not hold this job's secret", "addr", e.addr, "node", c.node)
 		w.closeEP(e, fmt.Errorf("ucx transport: %s: %w", e.addr, &dtl.RemoteError{Err: dtl.ErrUnauthorized, Msg: fmt.Sprintf("server %q could not prove it holds this job's secret", c.node)}), true)
 		return
 	}
 	e.node = c.node
-	m := mac(secret, labelClient, pr)
+	m := peerauth.Sign(secret, labelClient, pr)
 	w.send(e, header{typ: tAuth}, m[:], nil)
 	e.state = stAuth
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/dyadfs/dyadfs/dtl"
+
+	"github.com/dyadfs/dyadfs/dtl/peerauth"
 )
 
 // The wire format. Every message is one active message (one AM id; UCX
@@ -51,9 +53,9 @@ const (
 	protoVersion = uint32(1)
 	hdrLen       = 32
 	infoLen      = 36
-	nonceLen     = 32
-	macLen       = 32
-	maxNode      = 255
+	nonceLen     = peerauth.NonceLen
+	macLen       = peerauth.MACLen
+	maxNode      = peerauth.MaxNode
 	// maxPath is Linux's PATH_MAX: no longer path names a file.
 	maxPath = 4096
 	// maxReason bounds an error's reason (longer ones are cut).

@@ -16,6 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dyadfs/dyadfs/dtl"
+
+	"github.com/dyadfs/dyadfs/dtl/peerauth"
 )
 
 // serveOp is one request an owner answers: a file being sent, in its own
@@ -143,8 +145,8 @@ func (w *worker) serverHandle(e *endpoint, h header, p []byte) {
 		}
 		var got [macLen]byte
 		copy(got[:], p)
-		pr := proof{clientNonce: e.clientNonce, serverNonce: e.serverNonce, clientNode: e.node, serverNode: w.t.cfg.Node}
-		if !validMAC(w.t.cfg.Secret, labelClient, pr, got) {
+		pr := peerauth.Proof{ClientNonce: e.clientNonce, ServerNonce: e.serverNonce, ClientNode: e.node, ServerNode: w.t.cfg.Node}
+		if !peerauth.Valid(w.t.cfg.Secret, labelClient, pr, got) {
 			w.refuseEP(e, codeUnauthorized, 0, "the peer does not hold this job's secret")
 			return
 		}
@@ -186,9 +188,9 @@ func (w *worker) onHello(e *endpoint, h header, p []byte) {
 		w.refuseEP(e, codeProtocol, 0, err.Error())
 		return
 	}
-	e.node, e.clientNonce, e.serverNonce = hl.node, hl.nonce, newNonce()
-	pr := proof{clientNonce: e.clientNonce, serverNonce: e.serverNonce, clientNode: e.node, serverNode: w.t.cfg.Node}
-	c := challenge{nonce: e.serverNonce, mac: mac(w.t.cfg.Secret, labelServer, pr), node: w.t.cfg.Node}
+	e.node, e.clientNonce, e.serverNonce = hl.node, hl.nonce, peerauth.NewNonce()
+	pr := peerauth.Proof{ClientNonce: e.clientNonce, ServerNonce: e.serverNonce, ClientNode: e.node, ServerNode: w.t.cfg.Node}
+	c := challenge{nonce: e.serverNonce, mac: peerauth.Sign(w.t.cfg.Secret, labelServer, pr), node: w.t.cfg.Node}
 	w.send(e, header{typ: tChallenge, version: protoVersion}, appendChallenge(nil, c), nil)
 	e.state = stAuth
 }
