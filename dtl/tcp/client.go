@@ -305,7 +305,7 @@ func refusal(p []byte) (keep bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	if target, ok := refusals[e.Code]; ok {
+	if target, ok := dtl.RefusalOf(e.Code); ok {
 		return true, &dtl.RemoteError{Err: target, Msg: e.Msg}
 	}
 	switch e.Code {

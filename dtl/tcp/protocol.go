@@ -3,7 +3,6 @@ package tcp
 import (
 	"bufio"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 
@@ -113,38 +112,20 @@ func (t frameType) String() string {
 
 // Error codes carried by error frames.
 const (
-	codeNotFound     = uint16(1)
-	codeNotPublished = uint16(2)
-	codeBusy         = uint16(3)
-	codeOutside      = uint16(4)
-	codeUnauthorized = uint16(5)
-	codeVersion      = uint16(6)  // the hello's version is not spoken
-	codeProtocol     = uint16(7)  // the peer broke the protocol
-	codeInternal     = uint16(8)  // the server failed (I/O error opening the file, ...)
-	codeRefused      = uint16(9)  // a message's handler failed, or there is none (dtl.ErrRefused)
-	codeUnreadable   = uint16(10) // the server cannot read its file (dtl.ErrUnreadable)
+	codeNotFound     = dtl.CodeNotFound
+	codeNotPublished = dtl.CodeNotPublished
+	codeBusy         = dtl.CodeBusy
+	codeOutside      = dtl.CodeOutside
+	codeUnauthorized = dtl.CodeUnauthorized
+	codeVersion      = dtl.CodeVersion
+	codeProtocol     = dtl.CodeProtocol
+	codeInternal     = dtl.CodeInternal
+	codeRefused      = dtl.CodeRefused
+	codeUnreadable   = dtl.CodeUnreadable
 )
 
-// refusals maps the codes that stand for a dtl error.
-var refusals = map[uint16]error{
-	codeNotFound:     dtl.ErrNotFound,
-	codeNotPublished: dtl.ErrNotPublished,
-	codeBusy:         dtl.ErrBusy,
-	codeOutside:      dtl.ErrOutside,
-	codeUnauthorized: dtl.ErrUnauthorized,
-	codeRefused:      dtl.ErrRefused,
-	codeUnreadable:   dtl.ErrUnreadable,
-}
-
-// codeOf is the error code a Source error is reported with.
-func codeOf(err error) uint16 {
-	for code, e := range refusals {
-		if errors.Is(err, e) {
-			return code
-		}
-	}
-	return codeInternal
-}
+// codeOf is the code an error is reported with.
+func codeOf(err error) uint16 { return dtl.CodeOf(err) }
 
 type hello struct {
 	Version uint16

@@ -263,35 +263,7 @@ func advertise(listen string, actual net.Addr) string {
 		host = ""
 	}
 	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		host = firstIPv4()
+		host = dtl.FirstIPv4()
 	}
 	return net.JoinHostPort(host, port)
-}
-
-// firstIPv4 is the first non-loopback, non-link-local IPv4 address of an
-// interface that is up, or 127.0.0.1 if there is none.
-func firstIPv4() string {
-	ifs, err := net.Interfaces()
-	if err != nil {
-		return "127.0.0.1"
-	}
-	for _, ifc := range ifs {
-		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
-			continue
-		}
-		addrs, err := ifc.Addrs()
-		if err != nil {
-			continue
-		}
-		for _, a := range addrs {
-			ipn, ok := a.(*net.IPNet)
-			if !ok {
-				continue
-			}
-			if ip4 := ipn.IP.To4(); ip4 != nil && !ip4.IsLoopback() && !ip4.IsLinkLocalUnicast() {
-				return ip4.String()
-			}
-		}
-	}
-	return "127.0.0.1"
 }

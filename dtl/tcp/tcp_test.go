@@ -130,8 +130,8 @@ func TestAddr(t *testing.T) {
 		listen, advertise, host string
 	}{
 		{"127.0.0.1:0", "", "127.0.0.1"},
-		{":0", "", firstIPv4()},
-		{"0.0.0.0:0", "", firstIPv4()},
+		{":0", "", dtl.FirstIPv4()},
+		{"0.0.0.0:0", "", dtl.FirstIPv4()},
 		{"127.0.0.1:0", "node7.example:7000", ""},
 	} {
 		tr, _ := newTransport(t, s, opts{listen: c.listen, advertise: c.advertise})
@@ -161,7 +161,7 @@ func TestAddr(t *testing.T) {
 		}
 		tr.Close()
 	}
-	t.Logf("this machine advertises %s", firstIPv4())
+	t.Logf("this machine advertises %s", dtl.FirstIPv4())
 }
 
 // TestReuse: fetches to one server share one connection.

@@ -4,7 +4,6 @@ package ucx
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -100,42 +99,24 @@ func (t msgType) toServer() bool {
 
 // Error codes, as the TCP transport's.
 const (
-	codeNotFound     = uint16(1)
-	codeNotPublished = uint16(2)
-	codeBusy         = uint16(3)
-	codeOutside      = uint16(4)
-	codeUnauthorized = uint16(5)
-	codeVersion      = uint16(6)  // the hello's version is not spoken
-	codeProtocol     = uint16(7)  // the peer broke the protocol
-	codeInternal     = uint16(8)  // the owner failed (I/O error opening the file, ...)
-	codeRefused      = uint16(9)  // a message's handler failed, or there is none
-	codeUnreadable   = uint16(10) // the owner cannot read its file
+	codeNotFound     = dtl.CodeNotFound
+	codeNotPublished = dtl.CodeNotPublished
+	codeBusy         = dtl.CodeBusy
+	codeOutside      = dtl.CodeOutside
+	codeUnauthorized = dtl.CodeUnauthorized
+	codeVersion      = dtl.CodeVersion
+	codeProtocol     = dtl.CodeProtocol
+	codeInternal     = dtl.CodeInternal
+	codeRefused      = dtl.CodeRefused
+	codeUnreadable   = dtl.CodeUnreadable
 )
 
-// refusals maps the codes that stand for a dtl error.
-var refusals = map[uint16]error{
-	codeNotFound:     dtl.ErrNotFound,
-	codeNotPublished: dtl.ErrNotPublished,
-	codeBusy:         dtl.ErrBusy,
-	codeOutside:      dtl.ErrOutside,
-	codeUnauthorized: dtl.ErrUnauthorized,
-	codeRefused:      dtl.ErrRefused,
-	codeUnreadable:   dtl.ErrUnreadable,
-}
-
-// codeOf is the code a Source's or a handler's error is reported with.
-func codeOf(err error) uint16 {
-	for code, e := range refusals {
-		if errors.Is(err, e) {
-			return code
-		}
-	}
-	return codeInternal
-}
+// codeOf is the code an error is reported with.
+func codeOf(err error) uint16 { return dtl.CodeOf(err) }
 
 // refusal is the error a consumer returns for an error message.
 func refusal(code uint16, version uint64, reason string) error {
-	if target, ok := refusals[code]; ok {
+	if target, ok := dtl.RefusalOf(code); ok {
 		return &dtl.RemoteError{Err: target, Msg: reason}
 	}
 	switch code {

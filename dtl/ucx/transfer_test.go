@@ -583,8 +583,8 @@ func TestAddr(t *testing.T) {
 		listen, advertise, host string
 	}{
 		{"127.0.0.1:0", "", "127.0.0.1"},
-		{":0", "", firstIPv4()},
-		{"0.0.0.0:0", "", firstIPv4()},
+		{":0", "", dtl.FirstIPv4()},
+		{"0.0.0.0:0", "", dtl.FirstIPv4()},
 		{"127.0.0.1:0", "node7.example:7000", ""},
 	} {
 		tr, _ := testTransport(t, s, opts{listen: c.listen, advertise: c.advertise})

@@ -256,37 +256,9 @@ func (w *worker) listen(ap netip.AddrPort, src dtl.Source) (uint16, error) {
 func advertise(host netip.Addr, port uint16) string {
 	h := host.String()
 	if host.IsUnspecified() {
-		h = firstIPv4()
+		h = dtl.FirstIPv4()
 	}
 	return net.JoinHostPort(h, strconv.Itoa(int(port)))
-}
-
-// firstIPv4 is the first non-loopback, non-link-local IPv4 address of an
-// interface that is up, or 127.0.0.1 if there is none.
-func firstIPv4() string {
-	ifs, err := net.Interfaces()
-	if err != nil {
-		return "127.0.0.1"
-	}
-	for _, ifc := range ifs {
-		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
-			continue
-		}
-		addrs, err := ifc.Addrs()
-		if err != nil {
-			continue
-		}
-		for _, a := range addrs {
-			ipn, ok := a.(*net.IPNet)
-			if !ok {
-				continue
-			}
-			if ip4 := ipn.IP.To4(); ip4 != nil && !ip4.IsLoopback() && !ip4.IsLinkLocalUnicast() {
-				return ip4.String()
-			}
-		}
-	}
-	return "127.0.0.1"
 }
 
 // endpointInfo describes the endpoint to addr, its lanes included (for
