@@ -113,17 +113,41 @@ func (s *Service) Handle(method string, fn func(Request)) {
 	s.handlers[s.name+"."+method] = fn
 }
 
-// Close unregisters the service.
+// unregisterWait bounds how long Close waits for the broker to confirm
+// that the service is gone.
+const unregisterWait = 5 * time.Second
+
+// Close unregisters the service. Its handlers keep answering until the
+// broker confirms (or unregisterWait passes): a request the broker routed
+// here meanwhile is answered, where a handle without a handler for it
+// could leave its sender waiting for its timeout.
 func (s *Service) Close() error {
-	return s.h.do(func() {
+	confirmed := make(chan struct{})
+	var once sync.Once
+	confirm := func() { once.Do(func() { close(confirmed) }) }
+	err := s.h.do(func() {
 		cname := C.CString(s.name)
 		f := C.flux_service_unregister(s.h.h, cname)
 		C.free(unsafe.Pointer(cname))
-		if f != nil {
-			C.flux_future_destroy(f) // unregistered when the broker gets it
+		if f == nil {
+			confirm()
+			return
 		}
-		s.release()
+		if s.h.then(f, func(*C.flux_future_t) bool { confirm(); return false }, func(error) { confirm() }) != nil {
+			confirm()
+		}
 	})
+	if err != nil {
+		return err
+	}
+	t := time.NewTimer(unregisterWait)
+	defer t.Stop()
+	select {
+	case <-confirmed:
+	case <-t.C:
+	case <-s.h.done:
+	}
+	return s.h.do(s.release)
 }
 
 // request runs on the reactor thread for each request: the payload is
