@@ -20,23 +20,25 @@
 //
 // # Threads
 //
-// One goroutine, locked to its OS thread, owns the UCP context, worker,
-// listener, endpoints and registered buffers, and is the only one to call
-// libucp (worker.go). It progresses the worker while there is work and
-// otherwise arms it (ucp_worker_arm) and parks on an epoll set holding the
-// worker's event fd and an eventfd other goroutines write to wake it (in
-// Go's netpoller, so that its thread gives its P up while it sleeps). Everything else (Fetch and
+// One goroutine owns the UCP context, worker, listener, endpoints and
+// registered buffers, and is the only one to call libucp (worker.go); the
+// worker is UCS_THREAD_MODE_SERIALIZED, since the goroutine is not locked
+// to a thread (a locked goroutine made every hand-over a switch of OS
+// threads, and a round trip three times slower). It progresses the worker
+// while there is work and otherwise arms it (ucp_worker_arm) and parks on
+// its channel of commands, while a second goroutine waits in Go's netpoller
+// for the worker's event fd and tells it. Everything else (Fetch and
 // Message callers, the goroutines that read served files, message
-// handlers) talks to it through a channel of commands. UCX's callbacks
-// reach Go through runtime/cgo.Handle (callbacks.go) and only queue work
-// for the worker's loop.
+// handlers) talks to it through the commands. UCX's callbacks reach Go
+// through runtime/cgo.Handle (callbacks.go) and only queue work for the
+// worker's loop.
 //
 // # Protocol
 //
 // Every message is one active message whose header says what it is
 // (protocol.go). Peers first authenticate each other with the job secret
-// (auth.go: the TCP transport's mutual HMAC challenge, under labels of
-// its own). A consumer then sends requests, any number at once on one
+// (auth.go: dtl/peerauth's mutual HMAC challenge, under labels of its
+// own). A consumer then sends requests, any number at once on one
 // endpoint, each with an id; the owner answers each with either a refusal,
 // or a small file whole in one message with its description, or the
 // description followed by the file's data extents in chunks (holes are

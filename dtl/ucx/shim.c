@@ -44,13 +44,18 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length,
                     length, param->recv_attr, reply_ep);
 }
 
+// shim_worker_create makes the worker in UCS_THREAD_MODE_SERIALIZED: one
+// goroutine drives it, but that goroutine is not locked to an OS thread
+// (see worker.go), so successive calls may come from different threads,
+// never two at once. *thread_mode is the mode UCX granted.
 ucs_status_t shim_worker_create(ucp_context_h context, uintptr_t handle,
-                                ucp_worker_h *worker, size_t *max_am_header)
+                                ucp_worker_h *worker, size_t *max_am_header,
+                                int *thread_mode)
 {
     ucp_worker_params_t params;
     memset(&params, 0, sizeof(params));
     params.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    params.thread_mode = UCS_THREAD_MODE_SINGLE;
+    params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
     ucs_status_t status = ucp_worker_create(context, &params, worker);
     if (status != UCS_OK) {
         return status;
@@ -58,10 +63,12 @@ ucs_status_t shim_worker_create(ucp_context_h context, uintptr_t handle,
 
     ucp_worker_attr_t attr;
     memset(&attr, 0, sizeof(attr));
-    attr.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+    attr.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER |
+                      UCP_WORKER_ATTR_FIELD_THREAD_MODE;
     status = ucp_worker_query(*worker, &attr);
     if (status == UCS_OK) {
         *max_am_header = attr.max_am_header;
+        *thread_mode   = attr.thread_mode;
         ucp_am_handler_param_t am;
         memset(&am, 0, sizeof(am));
         am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |

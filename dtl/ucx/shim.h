@@ -14,7 +14,8 @@
 
 ucs_status_t shim_init(ucp_config_t *config, ucp_context_h *context);
 ucs_status_t shim_worker_create(ucp_context_h context, uintptr_t handle,
-                                ucp_worker_h *worker, size_t *max_am_header);
+                                ucp_worker_h *worker, size_t *max_am_header,
+                                int *thread_mode);
 ucs_status_t shim_mem_map(ucp_context_h context, size_t length,
                           ucp_mem_h *memh, void **address);
 void shim_mem_unmap(ucp_context_h context, ucp_mem_h memh, void *address,
