@@ -156,7 +156,7 @@ func TestOtherCommands(t *testing.T) {
 	if out, err := dyadfs(t, "version"); err != nil || !strings.HasPrefix(out, "dyadfs ") {
 		t.Fatalf("version: %v %q", err, out)
 	}
-	for _, args := range [][]string{{"help"}, {"help", "mount"}, {"help", "status"}, {"help", "wait"}, {"mount", "--help"}} {
+	for _, args := range [][]string{{"help"}, {"help", "mount"}, {"help", "status"}, {"help", "wait"}, {"help", "prefetch"}, {"mount", "--help"}} {
 		if out, err := dyadfs(t, args...); err != nil || !strings.Contains(out, "Usage") {
 			t.Fatalf("%v: %v %q", args, err, out)
 		}
@@ -166,6 +166,12 @@ func TestOtherCommands(t *testing.T) {
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 8 || !strings.Contains(string(out), "not a dyadfs mount") {
 		t.Fatalf("status of a plain directory: %v %q", err, out)
+	}
+	for _, args := range [][]string{{"prefetch"}, {"prefetch", "--jobs", "0", "x"}, {"prefetch", "--timeout", "-1s", "x"}} {
+		out, err := exec.Command(dyadfsBin, args...).CombinedOutput()
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || strings.Count(string(out), "\n") != 1 {
+			t.Fatalf("%v: %v %q, want exit 2 and one line", args, err, out)
+		}
 	}
 	cmd = exec.Command(dyadfsBin, "frobnicate")
 	if err := cmd.Run(); !errors.As(err, &ee) || ee.ExitCode() != 2 {

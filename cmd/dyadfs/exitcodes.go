@@ -16,6 +16,7 @@ const (
 	exitTransport   = 11 // the data transport could not listen
 	exitNodeInUse   = 12 // another running daemon of the namespace has this node id
 	exitJobRunning  = 13 // forget: daemons of the namespace are running
+	exitPrefetch    = 14 // prefetch: a path could not be brought here, or the timeout passed
 )
 
 // exitError is an error with the exit code it ends the command with.

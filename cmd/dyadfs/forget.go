@@ -122,6 +122,15 @@ func (p *progress) update(done int) {
 	fmt.Fprintf(p.out, "\r[%s%s] %3.0f%% %d keys", strings.Repeat("=", fill), strings.Repeat(" ", width-fill), 100*frac, done)
 }
 
+// show draws a line of text in place, at most ten times a second.
+func (p *progress) show(line string) {
+	if !p.tty || time.Since(p.last) < 100*time.Millisecond {
+		return
+	}
+	p.last = time.Now()
+	fmt.Fprint(p.out, "\r\033[K"+line)
+}
+
 func (p *progress) done() {
 	if p.tty && !p.last.IsZero() {
 		fmt.Fprint(p.out, "\r\033[K")

@@ -20,6 +20,8 @@ Usage:
   dyadfs mount [flags] MOUNTPOINT   mount the managed directory (runs as a daemon)
   dyadfs status [--json] MOUNTPOINT show a mount's settings and counters
   dyadfs wait [--timeout D] PATH... wait until files are published and here
+  dyadfs prefetch [--jobs N] [--wait] PATH...
+                                    bring the files under PATHs here ahead of the reads
   dyadfs forget --store URL --namespace JOB
                                     delete what a finished job keeps in the store
   dyadfs key [--key-depth D] [--key-bins B] RELPATH...
@@ -55,6 +57,8 @@ func run(args []string, stdout io.Writer) error {
 		return runStatus(rest, stdout)
 	case "wait":
 		return runWait(rest, stdout)
+	case "prefetch":
+		return runPrefetch(rest, stdout)
 	case "key":
 		return runKey(rest, stdout)
 	case "forget":
@@ -91,6 +95,8 @@ func runHelp(args []string, stdout io.Writer) error {
 		return nil
 	case "wait":
 		return runWait([]string{"--help"}, stdout)
+	case "prefetch":
+		return runPrefetch([]string{"--help"}, stdout)
 	case "key":
 		return runKey([]string{"--help"}, stdout)
 	case "forget":
