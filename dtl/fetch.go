@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/dyadfs/dyadfs/metrics"
 )
 
 // Version names one published version of a file: what a consumer fetches.
@@ -217,6 +219,7 @@ func (f *Fetcher) Fetch(ctx context.Context, rec Version) error {
 // run is one transfer, for everyone waiting for rec.Path.
 func (f *Fetcher) run(call *fetchCall, rec Version) {
 	defer f.wg.Done()
+	start := time.Now()
 	call.err = errNoBytes
 	if rec.Inline != nil {
 		call.err = f.fromNotice(rec)
@@ -229,7 +232,10 @@ func (f *Fetcher) run(call *fetchCall, rec Version) {
 	}
 	if call.err != nil {
 		f.stats.Failures.Add(1)
+	} else {
+		metrics.FetchBytes.Observe(float64(rec.Info.Size))
 	}
+	metrics.FetchDuration.WithLabelValues(metrics.Outcome(call.err)).Observe(time.Since(start).Seconds())
 	f.mu.Lock()
 	delete(f.inflight, rec.Path)
 	f.mu.Unlock()

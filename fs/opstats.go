@@ -7,6 +7,10 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/dyadfs/dyadfs/metrics"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 //go:generate go run ./internal/opgen -o opstats_gen.go
@@ -20,13 +24,23 @@ type opStats struct {
 	errs   [numOps]atomic.Uint64
 	nanos  [numOps]atomic.Uint64
 	errnos [maxErrno]atomic.Uint64
+	// hist are the operations' latency histograms (metrics.FUSERequest).
+	hist [numOps]prometheus.Observer
 }
 
-func newOpStats() *opStats { return &opStats{} }
+func newOpStats() *opStats {
+	s := &opStats{}
+	for i := range s.hist {
+		s.hist[i] = metrics.FUSERequest.WithLabelValues(opNames[i])
+	}
+	return s
+}
 
 func (s *opStats) record(op int, start time.Time, st fuse.Status) {
+	took := time.Since(start)
 	s.count[op].Add(1)
-	s.nanos[op].Add(uint64(time.Since(start)))
+	s.nanos[op].Add(uint64(took))
+	s.hist[op].Observe(took.Seconds())
 	if st != fuse.OK {
 		s.errs[op].Add(1)
 		code := int(st)

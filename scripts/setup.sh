@@ -13,6 +13,8 @@ export PATH="$PATH:/usr/local/go/bin"
 # strace, to count what the daemon does for one waiting open; perl and
 # gcc for the POSIX conformance suite; pkg-config and libucx-dev for the
 # UCX transport (ucx-utils: ucx_info and ucx_perftest, its baselines).
+# Below, prometheus for promtool, which checks the metrics the daemon
+# serves (without its recommended exporters and services).
 packages=()
 command -v fusermount3 >/dev/null || packages+=(fuse3)
 command -v etcd >/dev/null || packages+=(etcd-server)
@@ -40,6 +42,10 @@ if ((${#packages[@]})); then
 		apt-get update -qq
 		apt-get install -y -qq "${packages[@]}"
 	fi
+fi
+if ! command -v promtool >/dev/null && [[ $(id -u) -eq 0 ]]; then
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 ||
+		echo "setup.sh: could not install prometheus (promtool); the metrics test will skip its check" >&2
 fi
 
 if ! command -v go >/dev/null; then

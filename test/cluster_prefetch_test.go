@@ -11,9 +11,10 @@ import (
 // TestClusterPrefetch: dyadfs prefetch brings a tree of 1,000 files
 // published on another node here, N at a time; reading them afterwards
 // moves nothing (no new transfer or copy). A path published nowhere is
-// reported at once, or waited for with --wait.
+// reported at once, or waited for with --wait. The consumer's metrics
+// count the fetches, their bytes and durations.
 func TestClusterPrefetch(t *testing.T) {
-	c := newCluster(t, 2)
+	c := newCluster(t, 2, "--metrics", ":9464")
 	a, b := c.nodes[0], c.nodes[1]
 	// 20 KiB: larger than a file whose bytes travel with its notices, so
 	// that each is a transfer.
@@ -42,6 +43,26 @@ find tree -type f | sort | xargs cat | sha256sum > /tmp/want-` + c.namespace)
 	}
 	if n := transportCounter(st, "transfers"); n < 1000 {
 		t.Fatalf("%d transfers, want 1000", n)
+	}
+	metricsText := b.mustSh(`python3 -c 'import urllib.request, sys; sys.stdout.write(urllib.request.urlopen("http://` + b.ip + `:9464/metrics").read().decode())'`)
+	if n := sample(metricsText, `dyadfs_fetch_duration_seconds_count{outcome="ok"}`); n < 1000 {
+		t.Errorf("the consumer's metrics count %v fetches, want 1000", n)
+	}
+	if n := sample(metricsText, "dyadfs_fetch_bytes_sum"); n < 1000*20480 {
+		t.Errorf("the consumer's metrics count %v bytes fetched, want %d", n, 1000*20480)
+	}
+	if n := sample(metricsText, "dyadfs_extra_transport_transfers_total"); n < 1000 {
+		t.Errorf("the consumer's metrics count %v transfers, want 1000", n)
+	}
+	if promtool, err := exec.LookPath("promtool"); err == nil {
+		cmd := exec.Command(promtool, "check", "metrics")
+		cmd.Stdin = strings.NewReader(metricsText)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("promtool check metrics on a node sharing files: %v\n%s", err, out)
+		}
+	}
+	if t.Failed() {
+		t.Fatalf("scraped:\n%s", metricsText)
 	}
 	// Reads are local now.
 	got := strings.Fields(b.mustSh("find tree -type f | sort | xargs cat | sha256sum"))[0]

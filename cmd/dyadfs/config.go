@@ -51,6 +51,9 @@ type mountConfig struct {
 	SecretFile   string
 	LeaseTTL     time.Duration
 	FetchTimeout time.Duration
+
+	// Metrics is the address Prometheus metrics are served on ("": none).
+	Metrics string
 }
 
 // envVars lists the environment variables dyadfs reads, all of them here.
@@ -66,6 +69,7 @@ var envVars = []struct{ name, help string }{
 	{"DYADFS_STORE", "metadata store URL: --store"},
 	{"DYADFS_BACKING", "node-local backing directory: --backing"},
 	{"DYADFS_LOG_LEVEL", "log level: --log-level"},
+	{"DYADFS_METRICS", "address Prometheus metrics are served on: --metrics"},
 }
 
 // lookupEnv is os.LookupEnv; tests replace it.
@@ -99,6 +103,7 @@ func defaultMountConfig() (mountConfig, error) {
 	}
 	env("DYAD_KVS_NAMESPACE", func(v string) error { c.Locator.Namespace = v; return nil })
 	env(backingEnv, func(v string) error { c.DMD.Backing = v; return nil })
+	env("DYADFS_METRICS", func(v string) error { c.Metrics = v; return nil })
 	env("DYAD_KEY_DEPTH", func(v string) (err error) { c.Locator.KeyDepth, err = strconv.Atoi(v); return })
 	env("DYAD_KEY_BINS", func(v string) (err error) { c.Locator.KeyBins, err = strconv.Atoi(v); return })
 	env("DYAD_FSYNC_WRITE", func(v string) (err error) { c.DMD.FsyncOnPublish, err = parseBool(v); return })
@@ -158,6 +163,7 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 	f.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "how long after this daemon dies other nodes stop counting on it")
 	f.DurationVar(&c.FetchTimeout, "fetch-timeout", c.FetchTimeout, "bound on fetching one file, retries included; on expiry the open fails with EIO")
 	f.DurationVar(&c.Transport.StallTimeout, "stall-timeout", c.Transport.StallTimeout, "a transfer that makes no progress for this long fails (and is retried)")
+	f.StringVar(&c.Metrics, "metrics", c.Metrics, "serve Prometheus metrics on `HOST:PORT` at /metrics (DYADFS_METRICS)")
 	f.StringSliceVarP(&v.options, "options", "o", nil, "FUSE mount `OPTIONS`, comma-separated (allow_other, ...)")
 	f.DurationVar(&c.FS.CacheTTL, "cache-ttl", c.FS.CacheTTL, "how long the kernel caches entries and attributes of existing files")
 	f.BoolVar(&c.FS.Passthrough, "passthrough", c.FS.Passthrough, "let the kernel read and write backing files directly (FUSE passthrough) where it can")

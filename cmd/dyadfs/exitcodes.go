@@ -17,6 +17,7 @@ const (
 	exitNodeInUse   = 12 // another running daemon of the namespace has this node id
 	exitJobRunning  = 13 // forget: daemons of the namespace are running
 	exitPrefetch    = 14 // prefetch: a path could not be brought here, or the timeout passed
+	exitMetrics     = 15 // mount: the metrics address could not be listened on
 )
 
 // exitError is an error with the exit code it ends the command with.

@@ -14,6 +14,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/spf13/pflag"
@@ -22,6 +23,8 @@ import (
 	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/fs"
 	"github.com/dyadfs/dyadfs/fs/dmd"
+
+	"github.com/dyadfs/dyadfs/metrics"
 )
 
 // readyFDEnv names the descriptor on which a daemon started by `dyadfs
@@ -369,10 +372,28 @@ func serve(c *mountConfig, ready func(error)) (err error) {
 		}
 		return extra
 	}
+	// Metrics listen before the mount, so that a bad address fails it;
+	// scrapes before the mount is up see no status counters.
+	var mounted atomic.Pointer[fs.FS]
+	if c.Metrics != "" {
+		ms, err := metrics.Serve(c.Metrics, func() any {
+			if f := mounted.Load(); f != nil {
+				return f.Status()
+			}
+			return nil
+		})
+		if err != nil {
+			return fail(exitMetrics, fmt.Sprintf("--metrics %s: %v", c.Metrics, err))
+		}
+		defer ms.Close()
+		c.FS.Info["metrics"] = "http://" + ms.Addr() + "/metrics"
+		log.Info("serving metrics", "addr", ms.Addr())
+	}
 	fsys, err := fs.Mount(c.FS, d, kernel, log)
 	if err != nil {
 		return fail(exitMountFailed, err.Error())
 	}
+	mounted.Store(fsys)
 	os.Unsetenv(readyFDEnv)
 	ready(nil)
 	if c.CPUProfile != "" {

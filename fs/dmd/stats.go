@@ -3,6 +3,8 @@ package dmd
 import (
 	"sync/atomic"
 	"time"
+
+	"github.com/dyadfs/dyadfs/metrics"
 )
 
 type counters struct {
@@ -29,6 +31,7 @@ type counters struct {
 }
 
 func (c *counters) waited(d time.Duration) {
+	metrics.OpenWait.Observe(d.Seconds())
 	n := uint64(d)
 	c.waitNanos.Add(n)
 	for {

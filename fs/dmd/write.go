@@ -12,6 +12,8 @@ import (
 
 	"github.com/dyadfs/dyadfs/fs/caller"
 	"github.com/dyadfs/dyadfs/hfl"
+
+	"github.com/dyadfs/dyadfs/metrics"
 )
 
 // A file's writeState lives from its first write handle until it is
@@ -550,6 +552,7 @@ func (d *DMD) publishWith(ctx context.Context, rec hfl.Record, publish func(cont
 	d.publishing[rec.Path] = rec
 	d.mu.Unlock()
 	out, err := publish(ctx, rec)
+	metrics.PublishDuration.WithLabelValues(metrics.Outcome(err)).Observe(time.Since(start).Seconds())
 	d.mu.Lock()
 	if d.publishing[rec.Path] == rec {
 		delete(d.publishing, rec.Path)
