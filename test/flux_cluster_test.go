@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -96,16 +95,6 @@ func (m *mount) restart() {
 		m.t.Fatalf("dyadfs mount again: %v\n%s", err, out)
 	}
 	m.pid = m.status().PID
-}
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
 }
 
 // shaOf is the sha256 of the file at p.

@@ -44,6 +44,9 @@ func TestMain(m *testing.M) {
 		return
 	}
 	skipReason = missingPrerequisite()
+	// The tests' etcd has no TLS or users: let the daemons keep their
+	// generated job secret there (tests of the refusal unset this).
+	os.Setenv("DYADFS_INSECURE_STORE_SECRET", "1")
 	dir, err := os.MkdirTemp("", "dyadfs-test-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -54,6 +54,8 @@ type mountConfig struct {
 
 	// Metrics is the address Prometheus metrics are served on ("": none).
 	Metrics string
+	// Etcd is how an etcd store is reached.
+	Etcd etcdAccess
 }
 
 // envVars lists the environment variables dyadfs reads, all of them here.
@@ -70,6 +72,8 @@ var envVars = []struct{ name, help string }{
 	{"DYADFS_BACKING", "node-local backing directory: --backing"},
 	{"DYADFS_LOG_LEVEL", "log level: --log-level"},
 	{"DYADFS_METRICS", "address Prometheus metrics are served on: --metrics"},
+	{"DYADFS_ETCD_CACERT", "etcd's CA: --etcd-cacert (and DYADFS_ETCD_CERT, _KEY, _USER, _PASSWORD_FILE)"},
+	{insecureSecretEnv, "keep the generated job secret in an unprotected etcd: --insecure-store-secret"},
 }
 
 // lookupEnv is os.LookupEnv; tests replace it.
@@ -120,6 +124,9 @@ func defaultMountConfig() (mountConfig, error) {
 	env("FLUX_URI", func(string) error { c.StoreURL = fluxURL; return nil })
 	env("DYADFS_STORE", func(v string) error { c.StoreURL = v; return nil })
 	env("DYADFS_LOG_LEVEL", func(v string) error { return c.LogLevel.UnmarshalText([]byte(v)) })
+	if err := c.Etcd.fromEnv(); err != nil {
+		errs = append(errs, err.Error())
+	}
 	if len(errs) > 0 {
 		return c, fmt.Errorf("bad environment: %s", strings.Join(errs, "; "))
 	}
@@ -146,7 +153,7 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 	v := &mountFlagValues{logLevel: strings.ToLower(c.LogLevel.String()), flags: f}
 	f.StringVar(&c.DMD.Backing, "backing", c.DMD.Backing, "node-local `DIR` that stores the managed directory's files (default: /var/tmp/dyadfs/NAMESPACE, created 0700; /var/tmp/dyadfs-UID/NAMESPACE for other users than root) (DYADFS_BACKING)")
 	f.StringVar(&c.DMD.Node, "node", c.DMD.Node, "this node's `ID`, the owner of the files it publishes (default: the hostname; with a Flux store, the broker's rank)")
-	f.StringVar(&c.StoreURL, "store", c.StoreURL, "metadata store `URL`: embedded:// (single node), etcd://host:port[,host:port...], or flux:// (the Flux KVS of the instance FLUX_URI names; the default inside a Flux job)")
+	f.StringVar(&c.StoreURL, "store", c.StoreURL, "metadata store `URL`: embedded:// (single node), etcd://host:port[,host:port...], https://host:port[,...] (etcd over TLS), or flux:// (the Flux KVS of the instance FLUX_URI names; the default inside a Flux job)")
 	f.StringVar(&c.Locator.Namespace, "namespace", c.Locator.Namespace, "job `NAME` that scopes metadata keys (DYAD_KVS_NAMESPACE)")
 	f.IntVar(&c.Locator.KeyDepth, "key-depth", c.Locator.KeyDepth, "levels of the hashed metadata key (DYAD_KEY_DEPTH)")
 	f.IntVar(&c.Locator.KeyBins, "key-bins", c.Locator.KeyBins, "bins per level of the hashed metadata key (DYAD_KEY_BINS)")
@@ -163,6 +170,7 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 	f.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "how long after this daemon dies other nodes stop counting on it")
 	f.DurationVar(&c.FetchTimeout, "fetch-timeout", c.FetchTimeout, "bound on fetching one file, retries included; on expiry the open fails with EIO")
 	f.DurationVar(&c.Transport.StallTimeout, "stall-timeout", c.Transport.StallTimeout, "a transfer that makes no progress for this long fails (and is retried)")
+	c.Etcd.flags(f, true)
 	f.StringVar(&c.Metrics, "metrics", c.Metrics, "serve Prometheus metrics on `HOST:PORT` at /metrics (DYADFS_METRICS)")
 	f.StringSliceVarP(&v.options, "options", "o", nil, "FUSE mount `OPTIONS`, comma-separated (allow_other, ...)")
 	f.DurationVar(&c.FS.CacheTTL, "cache-ttl", c.FS.CacheTTL, "how long the kernel caches entries and attributes of existing files")
@@ -218,6 +226,17 @@ func (v *mountFlagValues) finish(c *mountConfig, args []string) error {
 		return fail(exitUsage, fmt.Sprintf("--store: %v", err))
 	}
 	c.Locator.SingleNode = singleNode(c.StoreURL)
+	if u, _ := parseStoreURL(c.StoreURL); u.scheme == "etcd" {
+		cfg, err := c.Etcd.config(u)
+		if err != nil {
+			return fail(exitUsage, err.Error())
+		}
+		if c.SecretFile == "" && !cfg.Protected() && !c.Etcd.InsecureSecret {
+			return fail(exitUsage, fmt.Sprintf("the job secret would be kept in clear in etcd, where anyone who reaches %s reads it and can join the job: "+
+				"pass --secret-file FILE (the same on every node), or reach etcd over https:// with --etcd-cert and --etcd-key or as --etcd-user, "+
+				"or --insecure-store-secret to accept the risk", u.addr))
+		}
+	}
 	if u, _ := parseStoreURL(c.StoreURL); u.scheme == "flux" && !v.flags.Changed("node") {
 		c.nodeFromRank = true
 	}

@@ -31,10 +31,15 @@ Flags:
 func runForget(args []string, stdout io.Writer) error {
 	flags := pflag.NewFlagSet("forget", pflag.ContinueOnError)
 	flags.Usage = func() {}
-	url := flags.String("store", lookupEnvOr("DYADFS_STORE", ""), "metadata store `URL`: etcd://host:port[,host:port...] (DYADFS_STORE)")
+	url := flags.String("store", lookupEnvOr("DYADFS_STORE", ""), "metadata store `URL`: etcd://host:port[,host:port...], https://... for etcd over TLS (DYADFS_STORE)")
 	ns := flags.String("namespace", lookupEnvOr("DYAD_KVS_NAMESPACE", ""), "the job's `NAME` (DYAD_KVS_NAMESPACE)")
 	force := flags.Bool("force", false, "forget even while daemons of the job are registered")
 	page := flags.Int("page", store.DefaultForgetPage, "keys deleted per request")
+	var access etcdAccess
+	if err := access.fromEnv(); err != nil {
+		return fail(exitUsage, err.Error())
+	}
+	access.flags(flags, false)
 	if err := flags.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			fmt.Fprint(stdout, forgetUsage+flags.FlagUsages())
@@ -56,7 +61,7 @@ func runForget(args []string, stdout io.Writer) error {
 	ctx := context.Background()
 	var fx fluxConn
 	defer fx.Close()
-	s, err := openStore(ctx, *url, *ns, &fx, true)
+	s, err := openStore(ctx, *url, *ns, &fx, true, access)
 	if err != nil {
 		return fail(exitStore, fmt.Sprintf("metadata store: %v", err))
 	}

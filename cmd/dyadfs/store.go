@@ -19,6 +19,7 @@ type storeURL struct {
 	scheme string // backend name, lower case
 	addr   string // what follows "scheme://"
 	etcd   []string
+	tls    bool // https://: etcd over TLS
 }
 
 // parseStoreURL checks a store URL's form without connecting. An empty URL
@@ -37,7 +38,10 @@ func parseStoreURL(raw string) (storeURL, error) {
 		}
 		u.scheme = "embedded"
 		return u, nil
-	case "etcd":
+	case "etcd", "https":
+		// https://: etcd over TLS (--etcd-cacert, --etcd-cert, --etcd-key).
+		u.tls = u.scheme == "https"
+		u.scheme = "etcd"
 		eps, err := etcd.ParseEndpoints(addr)
 		if err != nil {
 			return u, fmt.Errorf("metadata store %q: %w", raw, err)
@@ -50,7 +54,7 @@ func parseStoreURL(raw string) (storeURL, error) {
 		}
 		return u, nil
 	default:
-		return u, fmt.Errorf("metadata store %q: unknown scheme %q (want %s, etcd://host:port[,host:port...] or flux://)", raw, u.scheme, embeddedURL)
+		return u, fmt.Errorf("metadata store %q: unknown scheme %q (want %s, etcd://host:port[,host:port...], https://host:port[,...] for etcd over TLS, or flux://)", raw, u.scheme, embeddedURL)
 	}
 }
 
@@ -67,7 +71,7 @@ func singleNode(raw string) bool {
 // openStore opens the store named by raw, for namespace's daemons (or,
 // with client, for a command that does not serve). fx is the connection
 // to Flux, used by the Flux store.
-func openStore(ctx context.Context, raw, namespace string, fx *fluxConn, client bool) (store.Store, error) {
+func openStore(ctx context.Context, raw, namespace string, fx *fluxConn, client bool, access etcdAccess) (store.Store, error) {
 	u, err := parseStoreURL(raw)
 	if err != nil {
 		return nil, err
@@ -88,7 +92,11 @@ func openStore(ctx context.Context, raw, namespace string, fx *fluxConn, client 
 		}
 		return s, nil
 	case "etcd":
-		s, err := etcd.Open(ctx, etcd.DefaultConfig(u.etcd...))
+		cfg, err := access.config(u)
+		if err != nil {
+			return nil, err
+		}
+		s, err := etcd.Open(ctx, cfg)
 		if err != nil {
 			return nil, err // not a nil *etcd.Store in a non-nil store.Store
 		}

@@ -28,7 +28,7 @@ func TestStoreURLs(t *testing.T) {
 		}
 	}
 	for _, u := range []string{"", "embedded://"} {
-		s, err := openStore(context.Background(), u, "job", &fluxConn{}, false)
+		s, err := openStore(context.Background(), u, "job", &fluxConn{}, false, etcdAccess{})
 		if err != nil {
 			t.Fatalf("openStore(%q): %v", u, err)
 		}

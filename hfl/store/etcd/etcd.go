@@ -40,6 +40,7 @@ package etcd
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -101,6 +102,27 @@ type Config struct {
 	// 10 s, and etcd refuses pings more often than every 5 s.
 	KeepAliveTime    time.Duration
 	KeepAliveTimeout time.Duration
+	// TLS, if set, makes the connections TLS (https:// endpoints), with
+	// the CA and client certificate it holds.
+	TLS *tls.Config
+	// Username and Password authenticate with etcd's own users.
+	Username, Password string
+}
+
+// Scheme is the URL scheme the configuration's endpoints are reached by.
+func (c Config) Scheme() string {
+	if c.TLS != nil {
+		return "https"
+	}
+	return "etcd"
+}
+
+// Protected reports whether what the store holds is out of strangers'
+// reach on the network: the connection is TLS with a client certificate,
+// or etcd asks for a user and password (with which etcd's own access
+// control decides who reads the job's keys).
+func (c Config) Protected() bool {
+	return (c.TLS != nil && len(c.TLS.Certificates) > 0) || c.Username != ""
 }
 
 // DefaultConfig returns the defaults for the given endpoints.
@@ -199,8 +221,18 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	endpoints := strings.Join(cfg.Endpoints, ",")
+	eps := cfg.Endpoints
+	if cfg.TLS != nil {
+		eps = make([]string, len(cfg.Endpoints))
+		for i, ep := range cfg.Endpoints {
+			eps[i] = "https://" + ep
+		}
+	}
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:            cfg.Endpoints,
+		Endpoints:            eps,
+		TLS:                  cfg.TLS,
+		Username:             cfg.Username,
+		Password:             cfg.Password,
 		DialTimeout:          cfg.DialTimeout,
 		DialKeepAliveTime:    cfg.KeepAliveTime,
 		DialKeepAliveTimeout: cfg.KeepAliveTimeout,
@@ -222,23 +254,29 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		})},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("metadata store etcd://%s: %w", endpoints, err)
+		return nil, fmt.Errorf("metadata store %s://%s: %w", cfg.Scheme(), endpoints, err)
 	}
 	cctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 	defer cancel()
 	// A linearizable read answers only if a leader and a quorum are up.
 	if _, err := cli.Get(cctx, cfg.Prefix, clientv3.WithCountOnly()); err != nil {
 		cli.Close()
-		const hint = "check that etcd runs there and that the URL names its client endpoints"
+		hint := "check that etcd runs there and that the URL names its client endpoints"
+		if cfg.TLS != nil {
+			hint += ", that the CA given signed its certificate and that it accepts the client certificate given"
+		}
+		if cfg.Username != "" {
+			hint += ", and that the user and password are right"
+		}
 		switch {
 		case errors.Is(ctx.Err(), context.Canceled):
-			return nil, fmt.Errorf("metadata store etcd://%s: %w", endpoints, ctx.Err())
+			return nil, fmt.Errorf("metadata store %s://%s: %w", cfg.Scheme(), endpoints, ctx.Err())
 		case ctx.Err() != nil:
-			return nil, fmt.Errorf("metadata store etcd://%s: no answer before the deadline (%w): %s", endpoints, ctx.Err(), hint)
+			return nil, fmt.Errorf("metadata store %s://%s: no answer before the deadline (%w): %s", cfg.Scheme(), endpoints, ctx.Err(), hint)
 		case cctx.Err() != nil:
-			return nil, fmt.Errorf("metadata store etcd://%s: no answer within %v (%w): %s", endpoints, cfg.DialTimeout, store.ErrUnavailable, hint)
+			return nil, fmt.Errorf("metadata store %s://%s: no answer within %v (%w): %s", cfg.Scheme(), endpoints, cfg.DialTimeout, store.ErrUnavailable, hint)
 		}
-		return nil, fmt.Errorf("metadata store etcd://%s: %w: %s", endpoints, err, hint)
+		return nil, fmt.Errorf("metadata store %s://%s: %w: %s", cfg.Scheme(), endpoints, err, hint)
 	}
 	sctx, scancel := context.WithCancel(context.Background())
 	return &Store{

@@ -46,6 +46,10 @@ type Server struct {
 	clientPort int
 	peerPort   int
 	args       []string // more flags for etcd
+	// tls: clients connect over TLS with a certificate the CA signed;
+	// health is read from a plain HTTP metrics port then.
+	tls         *TLSFiles
+	metricsPort int
 
 	mu     sync.Mutex
 	proc   *os.Process
@@ -62,6 +66,11 @@ func Start(t testing.TB) *Server {
 // StartWith is Start with more flags for etcd (--quota-backend-bytes, say).
 func StartWith(t testing.TB, args ...string) *Server {
 	t.Helper()
+	return startWith(t, nil, 0, args...)
+}
+
+func startWith(t testing.TB, tlsFiles *TLSFiles, metricsPort int, args ...string) *Server {
+	t.Helper()
 	if _, err := os.Stat(Binary); err != nil {
 		t.Skipf("etcd-server is not installed (%s missing): run scripts/setup.sh", Binary)
 	}
@@ -69,7 +78,7 @@ func StartWith(t testing.TB, args ...string) *Server {
 	if err != nil {
 		t.Fatalf("etcdtest: %v", err)
 	}
-	s := &Server{dir: dir, args: args}
+	s := &Server{dir: dir, args: args, tls: tlsFiles, metricsPort: metricsPort}
 	// Cleanups run last-registered first: kill, then remove the data.
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	t.Cleanup(func() {
@@ -95,6 +104,25 @@ func StartWith(t testing.TB, args ...string) *Server {
 	}
 }
 
+// TLSFiles are the PEM files of a TLS etcd: its CA, and the server's
+// certificate and key (for 127.0.0.1).
+type TLSFiles struct{ CA, Cert, Key string }
+
+// StartTLS starts an etcd that serves clients over TLS only and requires
+// a client certificate signed by files.CA.
+func StartTLS(t testing.TB, files TLSFiles) *Server {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	return startWith(t, &files, port, "--cert-file", files.Cert, "--key-file", files.Key,
+		"--client-cert-auth", "--trusted-ca-file", files.CA,
+		"--listen-metrics-urls", "http://127.0.0.1:"+strconv.Itoa(port))
+}
+
 // tmpRoot prefers tmpfs, where etcd's fsyncs cost nothing.
 func tmpRoot() string {
 	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() && syscall.Access("/dev/shm", 2 /* W_OK */) == nil {
@@ -107,7 +135,12 @@ func tmpRoot() string {
 func (s *Server) Endpoints() string { return "127.0.0.1:" + strconv.Itoa(s.clientPort) }
 
 // URL returns the dyadfs store URL of the server, "etcd://127.0.0.1:port".
-func (s *Server) URL() string { return "etcd://" + s.Endpoints() }
+func (s *Server) URL() string {
+	if s.tls != nil {
+		return "https://" + s.Endpoints()
+	}
+	return "etcd://" + s.Endpoints()
+}
 
 // DataDir returns the server's data directory.
 func (s *Server) DataDir() string { return s.dataDir() }
@@ -190,7 +223,11 @@ func (s *Server) WaitWatchers(t testing.TB, n int) {
 
 func (s *Server) get(path string) ([]byte, error) {
 	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get("http://" + s.Endpoints() + path)
+	addr := s.Endpoints()
+	if s.metricsPort != 0 {
+		addr = "127.0.0.1:" + strconv.Itoa(s.metricsPort)
+	}
+	resp, err := c.Get("http://" + addr + path)
 	if err != nil {
 		return nil, err
 	}
@@ -223,6 +260,9 @@ func (s *Server) start() error {
 	fmt.Fprintf(logf, "=== etcdtest: starting %s\n", time.Now().Format(time.RFC3339Nano))
 
 	client := "http://" + s.Endpoints()
+	if s.tls != nil {
+		client = "https://" + s.Endpoints()
+	}
 	peer := "http://127.0.0.1:" + strconv.Itoa(s.peerPort)
 	cmd := exec.Command(Binary,
 		"--name", "etcdtest",
