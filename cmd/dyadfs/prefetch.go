@@ -61,9 +61,14 @@ func runPrefetch(args []string, stdout io.Writer) error {
 	}
 
 	var st prefetchStats
+	line := newProgress(os.Stderr, 0)
+	wipe := ""
+	if line.tty {
+		wipe = "\r\033[K" // the progress line's place
+	}
 	report := func(p string, err error) {
 		st.failed.Add(1)
-		fmt.Fprintf(os.Stderr, "\r\033[Kdyadfs prefetch: %s: %v\n", p, err)
+		fmt.Fprintf(os.Stderr, "%sdyadfs prefetch: %s: %v\n", wipe, p, err)
 	}
 	files := make(chan string, 4**jobs)
 	// Walkers feed files to the workers: one per PATH, and one per PATH
@@ -150,7 +155,6 @@ func runPrefetch(args []string, stdout io.Writer) error {
 		ctx, cancel = context.WithTimeout(ctx, *timeout)
 		defer cancel()
 	}
-	line := newProgress(os.Stderr, 0)
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for done := false; !done; {
