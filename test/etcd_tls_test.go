@@ -1,8 +1,13 @@
 package test
 
 import (
+	"context"
+	"time"
+
 	"errors"
 	"fmt"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"net"
 	"os"
 	"os/exec"
@@ -105,5 +110,69 @@ func TestEtcdTLS(t *testing.T) {
 	_, out, err = mountNode("n3", freePort(t), "--insecure-store-secret")
 	if !errors.As(err, &ee) || ee.ExitCode() != 7 || !strings.Contains(out, "https://"+srv.Endpoints()) || !strings.Contains(out, "client certificate") {
 		t.Fatalf("mount without a client certificate, accepting the risk: %v, want exit 7 naming the store and the certificate\n%s", err, out)
+	}
+}
+
+// TestEtcdUser: daemons reach an etcd that requires a user and password
+// (its own access control, over plain HTTP) with --etcd-user and a
+// password file, and may keep the generated job secret there; a wrong
+// password fails the mount in one line, naming what to check.
+func TestEtcdUser(t *testing.T) {
+	requireEnv(t)
+	srv := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoints()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	for _, step := range []func() error{
+		func() error { _, err := raw.UserAdd(ctx, "root", "root-password"); return err },
+		func() error { _, err := raw.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := raw.UserAdd(ctx, "job42", "job-password"); return err },
+		func() error { _, err := raw.UserGrantRole(ctx, "job42", "root"); return err },
+		func() error { _, err := raw.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	password := func(name, pw string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(pw+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	env := []string{"DYADFS_INSECURE_STORE_SECRET=0"}
+	mountNode := func(node, pwFile string) (string, string, error) {
+		_, mnt, backing := mountDirs(t)
+		out, err := dyadfsEnv(t, env, "mount", "--store", srv.URL(), "--etcd-user", "job42", "--etcd-password-file", pwFile,
+			"--namespace", "userjob", "--node", node, "--listen", "127.0.0.1:"+freePort(t), "--backing", backing,
+			"--log-file", filepath.Join(filepath.Dir(mnt), "dyadfs.log"), mnt)
+		if err == nil {
+			t.Cleanup(func() { exec.Command("fusermount3", "-u", mnt).Run() })
+		}
+		return mnt, out, err
+	}
+	good := password("good", "job-password")
+	m1, out, err := mountNode("n1", good)
+	if err != nil {
+		t.Fatalf("mount as an etcd user: %v\n%s", err, out)
+	}
+	m2, out, err := mountNode("n2", good)
+	if err != nil {
+		t.Fatalf("second mount as an etcd user: %v\n%s", err, out)
+	}
+	mustSh(t, m1, "echo as a user > f")
+	if r := run(t, m2, "cat", "f"); r.err != nil || r.stdout != "as a user\n" {
+		t.Fatalf("the other node reads f: %v", r)
+	}
+	var ee *exec.ExitError
+	_, out, err = mountNode("n3", password("bad", "not-it"))
+	if !errors.As(err, &ee) || ee.ExitCode() != 7 || !strings.Contains(out, "invalid user ID or password") || strings.Count(strings.TrimSpace(out), "\n") != 0 {
+		t.Fatalf("mount with a wrong password: %v, want exit 7 and one line saying the user or password is wrong\n%s", err, out)
 	}
 }
