@@ -63,7 +63,7 @@ func runForget(args []string, stdout io.Writer) error {
 	defer fx.Close()
 	s, err := openStore(ctx, *url, *ns, &fx, true, access)
 	if err != nil {
-		return fail(exitStore, fmt.Sprintf("metadata store: %v", err))
+		return storeFailed(err)
 	}
 	defer s.Close()
 	live, err := hfl.LiveMembers(ctx, s, *ns)
@@ -79,7 +79,7 @@ func runForget(args []string, stdout io.Writer) error {
 	}
 	h, err := s.Health(ctx, *ns)
 	if err != nil {
-		return fail(exitStore, fmt.Sprintf("metadata store: %v", err))
+		return storeFailed(err)
 	}
 	bar := newProgress(os.Stderr, 2*h.Records) // a record and its index entry
 	start := time.Now()

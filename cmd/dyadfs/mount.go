@@ -304,7 +304,7 @@ func serve(c *mountConfig, ready func(error)) (err error) {
 	lock.say(fmt.Sprintf("the dyadfs daemon (pid %d) mounted at %s", os.Getpid(), c.Mountpoint))
 	store, err := openStore(ctx, c.StoreURL, c.Locator.Namespace, &fx, false, c.Etcd)
 	if err != nil {
-		return fail(exitStore, fmt.Sprintf("metadata store: %v", err))
+		return storeFailed(err)
 	}
 	defer store.Close()
 	var transport dtl.Transport

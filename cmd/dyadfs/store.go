@@ -104,3 +104,13 @@ func openStore(ctx context.Context, raw, namespace string, fx *fluxConn, client 
 	}
 	return nil, fmt.Errorf("metadata store %q: no backend for scheme %q", raw, u.scheme)
 }
+
+// storeFailed is the command's error for a store that could not be opened
+// or used, said once as "metadata store ...".
+func storeFailed(err error) error {
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "metadata store") {
+		msg = "metadata store: " + msg
+	}
+	return fail(exitStore, msg)
+}
