@@ -58,19 +58,7 @@ func (h *Handle) Subscribe(ctx context.Context, topic string) (<-chan Event, err
 			done(struct{}{}, &Error{Op: "event subscribe " + topic, Errno: errnoOf(err)})
 			return
 		}
-		err = h.then(f, func(f *C.flux_future_t) bool {
-			if err := futureErr("event subscribe "+topic, f); err != nil {
-				s.release()
-				done(struct{}{}, err)
-				return false
-			}
-			done(struct{}{}, nil)
-			return false
-		}, func(err error) { done(struct{}{}, err) })
-		if err != nil {
-			s.release()
-			done(struct{}{}, err)
-		}
+		h.confirm(f, "event subscribe "+topic, func() {}, s.release, done)
 	})
 	if err != nil {
 		// A subscription that ctx abandoned while it was being made

@@ -290,6 +290,26 @@ type pendingFuture struct {
 	fail  func(err error)
 }
 
+// confirm waits, on the reactor thread (the caller), for f: a request
+// started as what, whose answer is only success or failure. On failure it
+// calls undo and reports the error to done; on success, ok, then done.
+func (h *Handle) confirm(f *C.flux_future_t, what string, ok, undo func(), done func(struct{}, error)) {
+	err := h.then(f, func(f *C.flux_future_t) bool {
+		if err := futureErr(what, f); err != nil {
+			undo()
+			done(struct{}{}, err)
+			return false
+		}
+		ok()
+		done(struct{}{}, nil)
+		return false
+	}, func(err error) { done(struct{}{}, err) })
+	if err != nil {
+		undo()
+		done(struct{}{}, err)
+	}
+}
+
 // then waits for f on the reactor thread (which must be the caller).
 func (h *Handle) then(f *C.flux_future_t, ready func(*C.flux_future_t) bool, fail func(error)) error {
 	_, err := h.thenP(f, ready, fail)

@@ -64,20 +64,7 @@ func (h *Handle) Serve(ctx context.Context, name string) (*Service, error) {
 			done(struct{}{}, &Error{Op: "service register " + name, Errno: errnoOf(err)})
 			return
 		}
-		err = h.then(f, func(f *C.flux_future_t) bool {
-			if err := futureErr("service register "+name, f); err != nil {
-				s.release()
-				done(struct{}{}, err)
-				return false
-			}
-			C.flux_msg_handler_start(s.mh)
-			done(struct{}{}, nil)
-			return false
-		}, func(err error) { done(struct{}{}, err) })
-		if err != nil {
-			s.release()
-			done(struct{}{}, err)
-		}
+		h.confirm(f, "service register "+name, func() { C.flux_msg_handler_start(s.mh) }, s.release, done)
 	})
 	if err != nil {
 		return nil, err

@@ -309,13 +309,13 @@ func refusal(p []byte) (keep bool, err error) {
 		return true, &dtl.RemoteError{Err: target, Msg: e.Msg}
 	}
 	switch e.Code {
-	case codeInternal:
+	case dtl.CodeInternal:
 		// Not a refusal: the server failed to read its file. Retrying
 		// may help.
 		return true, fmt.Errorf("server failed: %s", e.Msg)
-	case codeVersion:
+	case dtl.CodeVersion:
 		return false, protoErr("server speaks versions %v, not %d: %s", e.Versions, protoVersion, e.Msg)
-	case codeProtocol:
+	case dtl.CodeProtocol:
 		return false, protoErr("server says: %s", e.Msg)
 	}
 	return false, protoErr("error code %d: %s", e.Code, e.Msg)

@@ -43,18 +43,18 @@ import (
 //	S→C end        total u64: the sum of the chunk lengths
 //	or, in place of end, when the server could not read the whole file
 //	(the rest of the chunk it was in is sent as zeros first):
-//	S→C error      codeUnreadable, or codeBusy if the file shrank
+//	S→C error      dtl.CodeUnreadable, or dtl.CodeBusy if the file shrank
 //
 // or a message (version 2 on):
 //
 //	C→S msg        the message: the whole payload, at most dtl.MaxMessage
 //	S→C reply      the reply: the whole payload, at most dtl.MaxMessage
 //	or
-//	S→C error      as above (codeRefused, or the code of a dtl error)
+//	S→C error      as above (dtl.CodeRefused, or the code of a dtl error)
 //
 // The magic and the version come first in the hello of every version, so
 // that a server can always tell a client of another version and answer it
-// with an error frame (codeVersion) that lists the versions it speaks. A
+// with an error frame (dtl.CodeVersion) that lists the versions it speaks. A
 // refusal of a request (error frame in place of a header or a reply)
 // leaves the connection usable; any other error frame, and any failure in
 // the middle of a reply, ends the connection. A msg or reply longer than
@@ -109,23 +109,6 @@ func (t frameType) String() string {
 	}
 	return fmt.Sprintf("frame type %d", uint8(t))
 }
-
-// Error codes carried by error frames.
-const (
-	codeNotFound     = dtl.CodeNotFound
-	codeNotPublished = dtl.CodeNotPublished
-	codeBusy         = dtl.CodeBusy
-	codeOutside      = dtl.CodeOutside
-	codeUnauthorized = dtl.CodeUnauthorized
-	codeVersion      = dtl.CodeVersion
-	codeProtocol     = dtl.CodeProtocol
-	codeInternal     = dtl.CodeInternal
-	codeRefused      = dtl.CodeRefused
-	codeUnreadable   = dtl.CodeUnreadable
-)
-
-// codeOf is the code an error is reported with.
-func codeOf(err error) uint16 { return dtl.CodeOf(err) }
 
 type hello struct {
 	Version uint16

@@ -40,8 +40,8 @@ func validClientStreams() [][]byte {
 		appendEnd(nil, 3),
 		appendReply(nil, []byte("ok")),
 		appendReply(nil, nil),
-		appendError(nil, errFrame{Code: codeRefused, Msg: "no handler"}),
-		appendError(nil, errFrame{Code: codeVersion, Versions: []uint16{1, 2}, Msg: "no"}),
+		appendError(nil, errFrame{Code: dtl.CodeRefused, Msg: "no handler"}),
+		appendError(nil, errFrame{Code: dtl.CodeVersion, Versions: []uint16{1, 2}, Msg: "no"}),
 		{byte(tHello), 0xff, 0xff, 0xff, 0xff},
 	}
 }

@@ -155,7 +155,7 @@ func (sc *serverConn) serve(src dtl.Source) {
 		typ, p, err := readFrame(sc.br, &sc.buf)
 		if err != nil {
 			if errors.Is(err, dtl.ErrProtocol) {
-				sc.refuse(codeProtocol, nil, err.Error())
+				sc.refuse(dtl.CodeProtocol, nil, err.Error())
 			}
 			return // the peer left, went idle too long, or we are closing
 		}
@@ -164,19 +164,19 @@ func (sc *serverConn) serve(src dtl.Source) {
 		case tGet:
 			req, err := decodeGet(p)
 			if err != nil {
-				sc.refuse(codeProtocol, nil, err.Error())
+				sc.refuse(dtl.CodeProtocol, nil, err.Error())
 				return
 			}
 			ok = sc.answer(src, req)
 		case tMsg:
 			msg, err := decodeMsg(p)
 			if err != nil {
-				sc.refuse(codeProtocol, nil, err.Error())
+				sc.refuse(dtl.CodeProtocol, nil, err.Error())
 				return
 			}
 			ok = sc.answerMessage(msg)
 		default:
-			sc.refuse(codeProtocol, nil, fmt.Sprintf("%v frame where a request was expected", typ))
+			sc.refuse(dtl.CodeProtocol, nil, fmt.Sprintf("%v frame where a request was expected", typ))
 			return
 		}
 		if !ok {
@@ -194,24 +194,24 @@ func (sc *serverConn) handshake() bool {
 	typ, p, err := readFrame(sc.br, &sc.buf)
 	if err != nil {
 		if errors.Is(err, dtl.ErrProtocol) {
-			sc.refuse(codeProtocol, nil, err.Error())
+			sc.refuse(dtl.CodeProtocol, nil, err.Error())
 		} else {
 			t.log.Debug("peer left during the handshake", "peer", sc.remote, "err", err)
 		}
 		return false
 	}
 	if typ != tHello {
-		sc.refuse(codeProtocol, nil, fmt.Sprintf("%v frame where a hello was expected", typ))
+		sc.refuse(dtl.CodeProtocol, nil, fmt.Sprintf("%v frame where a hello was expected", typ))
 		return false
 	}
 	h, err := decodeHello(p)
 	var ev errVersion
 	if errors.As(err, &ev) {
-		sc.refuse(codeVersion, versions, fmt.Sprintf("protocol version %d is not spoken here; this server speaks %v", ev.version, versions))
+		sc.refuse(dtl.CodeVersion, versions, fmt.Sprintf("protocol version %d is not spoken here; this server speaks %v", ev.version, versions))
 		return false
 	}
 	if err != nil {
-		sc.refuse(codeProtocol, nil, err.Error())
+		sc.refuse(dtl.CodeProtocol, nil, err.Error())
 		return false
 	}
 	sc.node = h.Node
@@ -224,7 +224,7 @@ func (sc *serverConn) handshake() bool {
 	typ, p, err = readFrame(sc.br, &sc.buf)
 	if err != nil {
 		if errors.Is(err, dtl.ErrProtocol) {
-			sc.refuse(codeProtocol, nil, err.Error())
+			sc.refuse(dtl.CodeProtocol, nil, err.Error())
 		} else {
 			// A client that finds the server cannot prove the secret
 			// hangs up here.
@@ -233,16 +233,16 @@ func (sc *serverConn) handshake() bool {
 		return false
 	}
 	if typ != tAuth {
-		sc.refuse(codeProtocol, nil, fmt.Sprintf("%v frame where auth was expected", typ))
+		sc.refuse(dtl.CodeProtocol, nil, fmt.Sprintf("%v frame where auth was expected", typ))
 		return false
 	}
 	a, err := decodeAuth(p)
 	if err != nil {
-		sc.refuse(codeProtocol, nil, err.Error())
+		sc.refuse(dtl.CodeProtocol, nil, err.Error())
 		return false
 	}
 	if !peerauth.Valid(t.cfg.Secret, labelClient, pr, a.MAC) {
-		sc.refuse(codeUnauthorized, nil, "the peer does not hold this job's secret")
+		sc.refuse(dtl.CodeUnauthorized, nil, "the peer does not hold this job's secret")
 		return false
 	}
 	if err := sc.send(appendReady(sc.out[:0])); err != nil {
@@ -281,14 +281,14 @@ func (sc *serverConn) refuse(code uint16, vs []uint16, reason string) {
 func (sc *serverConn) answer(src dtl.Source, req getReq) bool {
 	t := sc.t
 	if err := checkPath(req.Path); err != nil {
-		return sc.refuseRequest(req, codeOutside, err)
+		return sc.refuseRequest(req, dtl.CodeOutside, err)
 	}
 	f, info, err := src.OpenPublished(t.ctx, dtl.Request{Path: req.Path, Generation: req.Generation})
 	if err != nil {
 		if t.ctx.Err() != nil {
 			return false
 		}
-		return sc.refuseRequest(req, codeOf(err), err)
+		return sc.refuseRequest(req, dtl.CodeOf(err), err)
 	}
 	if !sc.setFile(f) {
 		return false
@@ -296,7 +296,7 @@ func (sc *serverConn) answer(src dtl.Source, req getReq) bool {
 	defer sc.clearFile()
 	regular, err := sc.checkFile(f, info)
 	if err != nil {
-		return sc.refuseRequest(req, codeInternal, err)
+		return sc.refuseRequest(req, dtl.CodeInternal, err)
 	}
 	start := time.Now()
 	// The end frame goes out only if the file is still what was described
@@ -339,21 +339,21 @@ func (sc *serverConn) answerMessage(msg []byte) bool {
 	t := sc.t
 	h := t.handler.Load()
 	if h == nil {
-		return sc.refuseMessage(codeRefused, fmt.Sprintf("node %q handles no messages", t.cfg.Node), slog.LevelInfo)
+		return sc.refuseMessage(dtl.CodeRefused, fmt.Sprintf("node %q handles no messages", t.cfg.Node), slog.LevelInfo)
 	}
 	reply, err := (*h)(t.ctx, sc.node, msg)
 	if t.ctx.Err() != nil {
 		return false // closing: the peer sees the connection end
 	}
 	if err != nil {
-		code := codeOf(err)
-		if code == codeInternal {
-			code = codeRefused
+		code := dtl.CodeOf(err)
+		if code == dtl.CodeInternal {
+			code = dtl.CodeRefused
 		}
 		return sc.refuseMessage(code, err.Error(), slog.LevelDebug)
 	}
 	if len(reply) > dtl.MaxMessage {
-		return sc.refuseMessage(codeRefused, fmt.Sprintf("the handler's reply of %d bytes exceeds the %d-byte limit", len(reply), dtl.MaxMessage), slog.LevelWarn)
+		return sc.refuseMessage(dtl.CodeRefused, fmt.Sprintf("the handler's reply of %d bytes exceeds the %d-byte limit", len(reply), dtl.MaxMessage), slog.LevelWarn)
 	}
 	sc.out = appendReply(sc.out[:0], reply)
 	sc.conn.SetWriteDeadline(time.Now().Add(t.cfg.StallTimeout))
@@ -466,7 +466,7 @@ func (sc *serverConn) sendFile(f *os.File, info dtl.FileInfo, regular bool, unch
 	sc.conn.SetWriteDeadline(time.Now().Add(sc.t.cfg.StallTimeout))
 	if err := unchanged(); err != nil {
 		sc.t.log.Info("file changed while it was sent; refused", "peer", sc.remote, "node", sc.node, "path", f.Name(), "err", err)
-		sc.bw.Write(appendError(sc.out[:0], errFrame{Code: codeOf(err), Msg: err.Error()}))
+		sc.bw.Write(appendError(sc.out[:0], errFrame{Code: dtl.CodeOf(err), Msg: err.Error()}))
 		return sc.bw.Flush()
 	}
 	sc.bw.Write(appendEnd(sc.out[:0], total))
@@ -489,9 +489,9 @@ func (e *sourceError) Unwrap() error { return e.err }
 // unreadable.
 func (e *sourceError) code() uint16 {
 	if errors.Is(e.err, io.ErrUnexpectedEOF) {
-		return codeBusy
+		return dtl.CodeBusy
 	}
-	return codeUnreadable
+	return dtl.CodeUnreadable
 }
 
 // zeros pads chunks that a source error cut short.

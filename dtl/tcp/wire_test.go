@@ -118,7 +118,7 @@ func TestRawClients(t *testing.T) {
 	t.Run("WrongVersion", func(t *testing.T) {
 		r := rawDial(t, addr)
 		r.write(helloWith(magic, 99))
-		e := r.expectError(codeVersion)
+		e := r.expectError(dtl.CodeVersion)
 		if len(e.Versions) != 1 || e.Versions[0] != protoVersion || !strings.Contains(e.Msg, "99") {
 			t.Errorf("version error %+v does not name the versions spoken", e)
 		}
@@ -127,7 +127,7 @@ func TestRawClients(t *testing.T) {
 		// A version 1 peer (no messages, MACs without node ids).
 		r := rawDial(t, addr)
 		r.write(helloWith(magic, 1))
-		e := r.expectError(codeVersion)
+		e := r.expectError(dtl.CodeVersion)
 		if len(e.Versions) != 1 || e.Versions[0] != 2 {
 			t.Errorf("version error %+v does not name version 2", e)
 		}
@@ -135,24 +135,24 @@ func TestRawClients(t *testing.T) {
 	t.Run("WrongMagic", func(t *testing.T) {
 		r := rawDial(t, addr)
 		r.write(helloWith("dyadfs-xxx", protoVersion))
-		r.expectError(codeProtocol)
+		r.expectError(dtl.CodeProtocol)
 	})
 	t.Run("HTTP", func(t *testing.T) {
 		r := rawDial(t, addr)
 		r.write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
-		r.expectError(codeProtocol)
+		r.expectError(dtl.CodeProtocol)
 	})
 	t.Run("OversizedFrame", func(t *testing.T) {
 		r := rawDial(t, addr)
 		b := []byte{byte(tHello), 0, 0, 0, 0}
 		binary.BigEndian.PutUint32(b[1:], maxFrame+1)
 		r.write(b)
-		r.expectError(codeProtocol)
+		r.expectError(dtl.CodeProtocol)
 	})
 	t.Run("HugeFrame", func(t *testing.T) {
 		r := rawDial(t, addr)
 		r.write([]byte{byte(tHello), 0xff, 0xff, 0xff, 0xff})
-		r.expectError(codeProtocol)
+		r.expectError(dtl.CodeProtocol)
 	})
 	t.Run("TruncatedHello", func(t *testing.T) {
 		r := rawDial(t, addr)
@@ -164,12 +164,12 @@ func TestRawClients(t *testing.T) {
 	t.Run("HelloTooShort", func(t *testing.T) {
 		r := rawDial(t, addr)
 		r.write(frame(tHello, []byte(magic+"\x00\x02short")))
-		r.expectError(codeProtocol)
+		r.expectError(dtl.CodeProtocol)
 	})
 	t.Run("GetWithoutHandshake", func(t *testing.T) {
 		r := rawDial(t, addr)
 		r.write(appendGet(nil, getReq{Path: "f"}))
-		r.expectError(codeProtocol)
+		r.expectError(dtl.CodeProtocol)
 	})
 	t.Run("GetWithoutAuth", func(t *testing.T) {
 		r := rawDial(t, addr)
@@ -178,7 +178,7 @@ func TestRawClients(t *testing.T) {
 			t.Fatalf("got %v %v, want a challenge", typ, err)
 		}
 		r.write(appendGet(nil, getReq{Path: "f"}))
-		r.expectError(codeProtocol)
+		r.expectError(dtl.CodeProtocol)
 	})
 	t.Run("WrongMAC", func(t *testing.T) {
 		r := rawDial(t, addr)
@@ -187,7 +187,7 @@ func TestRawClients(t *testing.T) {
 			t.Fatalf("got %v %v, want a challenge", typ, err)
 		}
 		r.write(appendAuth(nil, authMsg{}))
-		r.expectError(codeUnauthorized)
+		r.expectError(dtl.CodeUnauthorized)
 	})
 	t.Run("MsgWithoutAuth", func(t *testing.T) {
 		r := rawDial(t, addr)
@@ -196,7 +196,7 @@ func TestRawClients(t *testing.T) {
 			t.Fatalf("got %v %v, want a challenge", typ, err)
 		}
 		r.write(appendMsg(nil, []byte("hi")))
-		r.expectError(codeProtocol)
+		r.expectError(dtl.CodeProtocol)
 	})
 	t.Run("MACForAnotherNode", func(t *testing.T) {
 		// A client's proof covers the node id of its hello: a proof
@@ -211,7 +211,7 @@ func TestRawClients(t *testing.T) {
 		}
 		pr := peerauth.Proof{ClientNonce: h.Nonce, ServerNonce: ch.Nonce, ClientNode: "other", ServerNode: ch.Node}
 		r.write(appendAuth(nil, authMsg{MAC: peerauth.Sign(secret, labelClient, pr)}))
-		r.expectError(codeUnauthorized)
+		r.expectError(dtl.CodeUnauthorized)
 	})
 	t.Run("ReplayedServerMAC", func(t *testing.T) {
 		// The server's own proof is no proof for a client.
@@ -224,7 +224,7 @@ func TestRawClients(t *testing.T) {
 			t.Fatal(err)
 		}
 		r.write(appendAuth(nil, authMsg{MAC: ch.MAC}))
-		r.expectError(codeUnauthorized)
+		r.expectError(dtl.CodeUnauthorized)
 	})
 	t.Run("Silent", func(t *testing.T) {
 		r := rawDial(t, addr)
@@ -250,8 +250,8 @@ func TestRawClients(t *testing.T) {
 			if err != nil || typ != tError {
 				t.Fatalf("%q: got %v %v, want an error frame", p, typ, err)
 			}
-			if e, _ := decodeError(pl); e.Code != codeOutside {
-				t.Errorf("%q: got %+v, want code %d", p, e, codeOutside)
+			if e, _ := decodeError(pl); e.Code != dtl.CodeOutside {
+				t.Errorf("%q: got %+v, want code %d", p, e, dtl.CodeOutside)
 			}
 		}
 		if n := src.Calls(); n != 0 {
@@ -277,7 +277,7 @@ func TestRawClients(t *testing.T) {
 		b = binary.BigEndian.AppendUint64(b, 0)
 		b = appendStr16(b, strings.Repeat("a", maxPath+1))
 		r.write(endFrame(b, s))
-		r.expectError(codeProtocol)
+		r.expectError(dtl.CodeProtocol)
 	})
 	t.Run("OversizedMsg", func(t *testing.T) {
 		// A message longer than dtl.MaxMessage is a protocol error,
@@ -288,7 +288,7 @@ func TestRawClients(t *testing.T) {
 		r := rawDial(t, addr)
 		r.authenticate(secret)
 		r.write(appendMsg(nil, make([]byte, dtl.MaxMessage+1)))
-		r.expectError(codeProtocol)
+		r.expectError(dtl.CodeProtocol)
 	})
 }
 
@@ -530,7 +530,7 @@ func TestVersionRefusedByServer(t *testing.T) {
 		defer c.Close()
 		var buf []byte
 		readFrame(bufio.NewReader(c), &buf)
-		c.Write(appendError(nil, errFrame{Code: codeVersion, Versions: []uint16{7, 8}, Msg: "speak 7 or 8"}))
+		c.Write(appendError(nil, errFrame{Code: dtl.CodeVersion, Versions: []uint16{7, 8}, Msg: "speak 7 or 8"}))
 	}()
 	client, _ := newTransport(t, newSecret(), opts{})
 	_, err = client.Fetch(ctxFor(t), ln.Addr().String(), dtl.Request{Path: "f"}, dtltest.Dst(t))
@@ -547,7 +547,7 @@ func TestRefusalInsteadOfEnd(t *testing.T) {
 	addr := fakeServer(t, secret, func(c net.Conn, br *bufio.Reader, req getReq) {
 		c.Write(appendHeader(nil, dtl.FileInfo{Size: 10}))
 		c.Write(append(appendChunk(nil, chunkHdr{Off: 0, Len: 10}), make([]byte, 10)...))
-		c.Write(appendError(nil, errFrame{Code: codeBusy, Msg: "rewritten while sent"}))
+		c.Write(appendError(nil, errFrame{Code: dtl.CodeBusy, Msg: "rewritten while sent"}))
 	})
 	client, _ := newTransport(t, secret, opts{})
 	_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, dtltest.Dst(t))

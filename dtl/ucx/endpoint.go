@@ -131,7 +131,7 @@ func (w *worker) protocolError(e *endpoint, err error) {
 			w.closeEP(e, fmt.Errorf("ucx transport: %s: %w", e.addr, err), true)
 			return
 		}
-		w.refuseEP(e, codeProtocol, 0, err.Error())
+		w.refuseEP(e, dtl.CodeProtocol, 0, err.Error())
 	})
 }
 

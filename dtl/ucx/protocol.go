@@ -31,7 +31,7 @@ import (
 //	S→C data       id, a = offset, b = the file's size; payload: a chunk (rendezvous)
 //	S→C end        id, a = the sum of the chunks' lengths
 //	S→C error      id (0: about the endpoint), code, a = the version spoken
-//	               (codeVersion); payload: the reason
+//	               (dtl.CodeVersion); payload: the reason
 //	C→S msg        id; payload: the message
 //	S→C reply      id; payload: the reply
 //	C→S cancel     id: the consumer gave up on that request
@@ -97,36 +97,19 @@ func (t msgType) toServer() bool {
 	return false
 }
 
-// Error codes, as the TCP transport's.
-const (
-	codeNotFound     = dtl.CodeNotFound
-	codeNotPublished = dtl.CodeNotPublished
-	codeBusy         = dtl.CodeBusy
-	codeOutside      = dtl.CodeOutside
-	codeUnauthorized = dtl.CodeUnauthorized
-	codeVersion      = dtl.CodeVersion
-	codeProtocol     = dtl.CodeProtocol
-	codeInternal     = dtl.CodeInternal
-	codeRefused      = dtl.CodeRefused
-	codeUnreadable   = dtl.CodeUnreadable
-)
-
-// codeOf is the code an error is reported with.
-func codeOf(err error) uint16 { return dtl.CodeOf(err) }
-
 // refusal is the error a consumer returns for an error message.
 func refusal(code uint16, version uint64, reason string) error {
 	if target, ok := dtl.RefusalOf(code); ok {
 		return &dtl.RemoteError{Err: target, Msg: reason}
 	}
 	switch code {
-	case codeInternal:
+	case dtl.CodeInternal:
 		// Not a refusal: the owner failed to read its file; asking
 		// again may help.
 		return fmt.Errorf("owner failed: %s", reason)
-	case codeVersion:
+	case dtl.CodeVersion:
 		return protoErr("owner speaks version %d, not %d: %s", version, protoVersion, reason)
-	case codeProtocol:
+	case dtl.CodeProtocol:
 		return protoErr("owner says: %s", reason)
 	}
 	return protoErr("error code %d: %s", code, reason)

@@ -140,14 +140,14 @@ func (w *worker) serverHandle(e *endpoint, h header, p []byte) {
 		return
 	case tAuth:
 		if e.state != stAuth || len(p) != macLen {
-			w.refuseEP(e, codeProtocol, 0, fmt.Sprintf("unexpected %v message", h.typ))
+			w.refuseEP(e, dtl.CodeProtocol, 0, fmt.Sprintf("unexpected %v message", h.typ))
 			return
 		}
 		var got [macLen]byte
 		copy(got[:], p)
 		pr := peerauth.Proof{ClientNonce: e.clientNonce, ServerNonce: e.serverNonce, ClientNode: e.node, ServerNode: w.t.cfg.Node}
 		if !peerauth.Valid(w.t.cfg.Secret, labelClient, pr, got) {
-			w.refuseEP(e, codeUnauthorized, 0, "the peer does not hold this job's secret")
+			w.refuseEP(e, dtl.CodeUnauthorized, 0, "the peer does not hold this job's secret")
 			return
 		}
 		e.state = stReady
@@ -156,7 +156,7 @@ func (w *worker) serverHandle(e *endpoint, h header, p []byte) {
 		return
 	}
 	if e.state != stReady {
-		w.refuseEP(e, codeProtocol, 0, fmt.Sprintf("%v message before the handshake", h.typ))
+		w.refuseEP(e, dtl.CodeProtocol, 0, fmt.Sprintf("%v message before the handshake", h.typ))
 		return
 	}
 	switch h.typ {
@@ -169,23 +169,23 @@ func (w *worker) serverHandle(e *endpoint, h header, p []byte) {
 			op.abort(context.Canceled)
 		}
 	default:
-		w.refuseEP(e, codeProtocol, 0, fmt.Sprintf("unexpected %v message", h.typ))
+		w.refuseEP(e, dtl.CodeProtocol, 0, fmt.Sprintf("unexpected %v message", h.typ))
 	}
 }
 
 // onHello answers a consumer's hello with the owner's proof.
 func (w *worker) onHello(e *endpoint, h header, p []byte) {
 	if e.state != stHello {
-		w.refuseEP(e, codeProtocol, 0, "unexpected hello")
+		w.refuseEP(e, dtl.CodeProtocol, 0, "unexpected hello")
 		return
 	}
 	if h.version != protoVersion {
-		w.refuseEP(e, codeVersion, uint64(protoVersion), fmt.Sprintf("protocol version %d is not spoken here; this server speaks %d", h.version, protoVersion))
+		w.refuseEP(e, dtl.CodeVersion, uint64(protoVersion), fmt.Sprintf("protocol version %d is not spoken here; this server speaks %d", h.version, protoVersion))
 		return
 	}
 	hl, err := parseHello(p)
 	if err != nil {
-		w.refuseEP(e, codeProtocol, 0, err.Error())
+		w.refuseEP(e, dtl.CodeProtocol, 0, err.Error())
 		return
 	}
 	e.node, e.clientNonce, e.serverNonce = hl.node, hl.nonce, peerauth.NewNonce()
@@ -199,16 +199,16 @@ func (w *worker) onHello(e *endpoint, h header, p []byte) {
 // is refused before the Source sees it.
 func (w *worker) onGet(e *endpoint, h header, p []byte) {
 	if h.id == 0 || e.serving[h.id] != nil {
-		w.refuseEP(e, codeProtocol, 0, fmt.Sprintf("request id %d reused", h.id))
+		w.refuseEP(e, dtl.CodeProtocol, 0, fmt.Sprintf("request id %d reused", h.id))
 		return
 	}
 	if len(p) > maxPath {
-		w.refuseEP(e, codeProtocol, 0, fmt.Sprintf("path of %d bytes exceeds %d", len(p), maxPath))
+		w.refuseEP(e, dtl.CodeProtocol, 0, fmt.Sprintf("path of %d bytes exceeds %d", len(p), maxPath))
 		return
 	}
 	path := string(p)
 	if err := checkPath(path); err != nil {
-		w.refuseRequest(e, h.id, path, h.a, codeOutside, err)
+		w.refuseRequest(e, h.id, path, h.a, dtl.CodeOutside, err)
 		return
 	}
 	if w.closing || w.src == nil {
@@ -269,11 +269,11 @@ func (w *worker) serveDone(op *serveOp, f *final) {
 func (w *worker) onMessage(e *endpoint, h header, p []byte) {
 	hp := w.t.handler.Load()
 	if hp == nil {
-		w.refuseMessage(e, h.id, codeRefused, fmt.Sprintf("node %q handles no messages", w.t.cfg.Node), slog.LevelInfo)
+		w.refuseMessage(e, h.id, dtl.CodeRefused, fmt.Sprintf("node %q handles no messages", w.t.cfg.Node), slog.LevelInfo)
 		return
 	}
 	if len(p) > dtl.MaxMessage {
-		w.refuseEP(e, codeProtocol, 0, fmt.Sprintf("msg of %d bytes exceeds the %d-byte limit", len(p), dtl.MaxMessage))
+		w.refuseEP(e, dtl.CodeProtocol, 0, fmt.Sprintf("msg of %d bytes exceeds the %d-byte limit", len(p), dtl.MaxMessage))
 		return
 	}
 	if w.closing {
@@ -294,15 +294,15 @@ func (w *worker) answer(e *endpoint, id uint64, reply []byte, err error) {
 		return // the peer sees the endpoint end
 	}
 	if err != nil {
-		code := codeOf(err)
-		if code == codeInternal {
-			code = codeRefused
+		code := dtl.CodeOf(err)
+		if code == dtl.CodeInternal {
+			code = dtl.CodeRefused
 		}
 		w.refuseMessage(e, id, code, err.Error(), slog.LevelDebug)
 		return
 	}
 	if len(reply) > dtl.MaxMessage {
-		w.refuseMessage(e, id, codeRefused, fmt.Sprintf("the handler's reply of %d bytes exceeds the %d-byte limit", len(reply), dtl.MaxMessage), slog.LevelWarn)
+		w.refuseMessage(e, id, dtl.CodeRefused, fmt.Sprintf("the handler's reply of %d bytes exceeds the %d-byte limit", len(reply), dtl.MaxMessage), slog.LevelWarn)
 		return
 	}
 	w.send(e, header{typ: tReply, id: id}, reply, func(err error) {
@@ -340,7 +340,7 @@ func (t *Transport) serveFile(op *serveOp, src dtl.Source) *final {
 		if op.ctx.Err() != nil {
 			return nil
 		}
-		return op.refusal(codeOf(err), err)
+		return op.refusal(dtl.CodeOf(err), err)
 	}
 	if !op.setFile(f) {
 		return nil
@@ -348,7 +348,7 @@ func (t *Transport) serveFile(op *serveOp, src dtl.Source) *final {
 	defer op.clearFile()
 	regular, err := checkFile(f, info)
 	if err != nil {
-		return op.refusal(codeInternal, err)
+		return op.refusal(dtl.CodeInternal, err)
 	}
 	start := time.Now()
 	if info.Size <= inlineMax {
@@ -386,7 +386,7 @@ func (t *Transport) serveFile(op *serveOp, src dtl.Source) *final {
 	}
 	if err := src.Unchanged(f, info); err != nil {
 		t.log.Info("file changed while it was sent; refused", "peer", op.peer, "node", op.node, "path", op.path, "err", err)
-		return &final{header{typ: tError, id: op.id, code: codeOf(err)}, []byte(cut(err.Error()))}
+		return &final{header{typ: tError, id: op.id, code: dtl.CodeOf(err)}, []byte(cut(err.Error()))}
 	}
 	t.stats.served.Add(1)
 	t.log.Debug("served", "peer", op.peer, "node", op.node, "path", op.path, "size", info.Size, "sent", total, "took", time.Since(start))
@@ -418,7 +418,7 @@ func (t *Transport) serveSmall(op *serveOp, src dtl.Source, f *os.File, info dtl
 	}
 	if err := src.Unchanged(f, info); err != nil {
 		t.log.Info("file changed while it was read; refused", "peer", op.peer, "node", op.node, "path", op.path, "err", err)
-		return &final{header{typ: tError, id: op.id, code: codeOf(err)}, []byte(cut(err.Error()))}
+		return &final{header{typ: tError, id: op.id, code: dtl.CodeOf(err)}, []byte(cut(err.Error()))}
 	}
 	t.stats.served.Add(1)
 	t.stats.bytesSent.Add(info.Size)
@@ -535,9 +535,9 @@ func (e *sourceError) Unwrap() error { return e.err }
 // unreadable.
 func (e *sourceError) code() uint16 {
 	if errors.Is(e.err, io.ErrUnexpectedEOF) {
-		return codeBusy
+		return dtl.CodeBusy
 	}
-	return codeUnreadable
+	return dtl.CodeUnreadable
 }
 
 // readFailed describes a failure to read f at off.
