@@ -16,6 +16,8 @@ import (
 	"log/slog"
 	"os"
 	"time"
+
+	"github.com/dyadfs/dyadfs/internal/digest"
 )
 
 // Request asks an owner for a file.
@@ -40,6 +42,10 @@ type FileInfo struct {
 	Uid, Gid   uint32
 	MtimeNs    int64
 	Generation uint64
+	// Checksum is the content's, computed by the owner when it published
+	// the file (zero: none). The consumer checks the bytes it received
+	// against it.
+	Checksum digest.Sum
 }
 
 // Source is the serving side's view of its managed directory.
@@ -62,12 +68,12 @@ type Transport interface {
 	Serve(src Source) error
 	// Addr is the address peers reach Serve at (valid after Serve).
 	Addr() string
-	// Fetch asks the daemon at addr for req and writes the file into dst,
-	// an empty file open for writing, from offset 0; holes may stay
-	// holes, so dst's size is set with Truncate. It returns what the owner
-	// sent. Errors are *RemoteError when the owner refused, ErrUnavailable
+	// Fetch asks the daemon at addr for req and writes the file into dst
+	// (an empty file, through the Sink that hashes what arrives); holes
+	// may stay holes, so dst's size is set with Truncate. It returns what
+	// the owner sent, with the owner's checksum. Errors are *RemoteError when the owner refused, ErrUnavailable
 	// when it could not be reached, or the transfer's cause otherwise.
-	Fetch(ctx context.Context, addr string, req Request, dst *os.File) (FileInfo, error)
+	Fetch(ctx context.Context, addr string, req Request, dst *Sink) (FileInfo, error)
 	// Close stops serving, ends transfers in progress and closes idle
 	// connections.
 	Close() error

@@ -73,12 +73,19 @@ type FetcherConfig struct {
 	// failed. (A transfer that makes progress is not bounded: the
 	// transport fails one that stalls.)
 	Timeout time.Duration
-	Log     *slog.Logger
+	// Node is this node's id, for the log.
+	Node string
+	Log  *slog.Logger
 }
 
 // ErrStale is returned when the owner no longer serves the version located:
 // it removed the file or is rewriting it, and a newer publish will follow.
 var ErrStale = errors.New("the owner no longer has this version")
+
+// ErrCorrupt means that the bytes received do not match the checksum the
+// owner computed when it published the file: they changed on its disk, in
+// its memory or on the way. Nothing is installed; the readers get EIO.
+var ErrCorrupt = errors.New("content does not match its published checksum")
 
 // ErrOwnerGone means the file's owner is not running: no transfer can
 // succeed until it returns.
@@ -125,6 +132,13 @@ type FetchStats struct {
 	// FromNotices counts copies made from the bytes a small file's
 	// notice carried, without a transfer.
 	FromNotices atomic.Uint64
+	// Verified counts copies whose content matched the owner's checksum;
+	// Corrupt those that did not (not installed); Unverified those
+	// installed without one (published by a daemon that computed none).
+	Verified, Corrupt, Unverified atomic.Uint64
+	// Reread counts the bytes read back to check a copy (blocks that
+	// arrived out of order).
+	Reread atomic.Uint64
 
 	mu sync.Mutex
 	// permanent counts the transfers that failed for good (ErrPermanent),
@@ -323,9 +337,11 @@ func classify(err error) outcome {
 		return stale
 	case errors.Is(err, ErrUnavailable):
 		return retry
-	case errors.As(err, &re), errors.Is(err, ErrProtocol):
-		// Refused for good (unreadable, outside, unauthorized), or a
-		// broken peer.
+	case errors.As(err, &re), errors.Is(err, ErrProtocol), errors.Is(err, ErrCorrupt):
+		// Refused for good (unreadable, outside, unauthorized), a
+		// broken peer, or bytes that are not what was published (the
+		// owner's copy changed under it: the next attempt would bring
+		// the same; the next open tries again).
 		return final
 	}
 	if _, ok := StorageErrno(err); ok {
@@ -435,8 +451,8 @@ func (f *Fetcher) fromNotice(rec Version) error {
 	if int64(len(rec.Inline)) != rec.Info.Size {
 		return errNoBytes
 	}
-	err := f.install(rec, func(tmp *os.File) (FileInfo, error) {
-		_, err := tmp.Write(rec.Inline)
+	err := f.install(rec, func(dst *Sink) (FileInfo, error) {
+		_, err := dst.WriteAt(rec.Inline, 0)
 		return rec.Info, err
 	})
 	switch {
@@ -445,6 +461,11 @@ func (f *Fetcher) fromNotice(rec Version) error {
 		return nil
 	case errors.Is(err, errPresent):
 		return err
+	case errors.Is(err, ErrCorrupt):
+		// The notice's bytes were damaged on the way; the owner's
+		// file may be good: a transfer, verified too, tells.
+		f.corrupt(rec, "notice", err)
+		return fmt.Errorf("%w: %w", errNoBytes, err)
 	}
 	if _, ok := StorageErrno(err); ok {
 		return f.failed(rec, err) // a transfer would fail the same way
@@ -456,19 +477,30 @@ func (f *Fetcher) fromNotice(rec Version) error {
 // once runs one transfer into a temporary file and, if it is complete,
 // installs it.
 func (f *Fetcher) once(ctx context.Context, addr string, rec Version) error {
-	err := f.install(rec, func(tmp *os.File) (FileInfo, error) {
-		return f.cfg.Transport.Fetch(ctx, addr, Request{Path: rec.Path, Generation: rec.Info.Generation, Owner: rec.Owner}, tmp)
+	err := f.install(rec, func(dst *Sink) (FileInfo, error) {
+		return f.cfg.Transport.Fetch(ctx, addr, Request{Path: rec.Path, Generation: rec.Info.Generation, Owner: rec.Owner}, dst)
 	})
 	if err == nil {
 		f.stats.Transfers.Add(1)
 	}
+	if errors.Is(err, ErrCorrupt) {
+		f.corrupt(rec, "transfer", err)
+	}
 	return err
+}
+
+// corrupt counts and logs a copy that did not match its checksum.
+func (f *Fetcher) corrupt(rec Version, how string, err error) {
+	f.stats.Corrupt.Add(1)
+	f.log.Error("copy does not match its published checksum; not installed", "path", rec.Path,
+		"owner", rec.Owner, "node", f.cfg.Node, "via", how, "err", err)
 }
 
 // install has fill write rec's file into a temporary file and describe it,
 // verifies it, gives it the owner's attributes and installs it. It fails
-// with errPresent if something got there first.
-func (f *Fetcher) install(rec Version, fill func(tmp *os.File) (FileInfo, error)) (err error) {
+// with errPresent if something got there first, ErrCorrupt if its content
+// is not what the owner published.
+func (f *Fetcher) install(rec Version, fill func(dst *Sink) (FileInfo, error)) (err error) {
 	tmp, err := f.temps.take()
 	if err != nil {
 		return fmt.Errorf("temporary file: %w", err)
@@ -484,11 +516,15 @@ func (f *Fetcher) install(rec Version, fill func(tmp *os.File) (FileInfo, error)
 	if err := reserve(tmp, rec); err != nil {
 		return err
 	}
-	info, err := fill(tmp)
+	sink := NewSink(tmp)
+	info, err := fill(sink)
 	if err != nil {
 		return err
 	}
 	if err := verify(tmp, info); err != nil {
+		return err
+	}
+	if err := f.check(sink, info); err != nil {
 		return err
 	}
 	// Owner first: chown clears set-id bits. A copy keeps none: a node
@@ -550,6 +586,24 @@ func reserve(tmp *os.File, rec Version) error {
 	case err != nil:
 		return nil // the filesystem cannot reserve: the writes will tell
 	}
+	return nil
+}
+
+// check compares the checksum of what arrived with the owner's.
+func (f *Fetcher) check(sink *Sink, info FileInfo) error {
+	if info.Checksum.IsZero() {
+		f.stats.Unverified.Add(1)
+		return nil
+	}
+	got, err := sink.Sum(info.Size)
+	f.stats.Reread.Add(uint64(sink.Reread()))
+	if err != nil {
+		return err
+	}
+	if got != info.Checksum {
+		return fmt.Errorf("%w: the copy's is %v, the owner published %v", ErrCorrupt, got, info.Checksum)
+	}
+	f.stats.Verified.Add(1)
 	return nil
 }
 

@@ -309,3 +309,80 @@ func TestClusterOwnerCannotRead(t *testing.T) {
 		t.Fatalf("open: sha256 %s, want %s", got, want)
 	}
 }
+
+// TestClusterCorruptCopy: a byte of a published file flips on its owner's
+// disk (its size and mtime unchanged, as a failing disk leaves them). The
+// consumer's open fails with EIO at once, nothing is installed, the
+// mismatch is logged with the path and both nodes, and status and the
+// metrics count it. Written again through the mount, the file arrives,
+// verified; so does a small file, whose bytes travel with its notice.
+func TestClusterCorruptCopy(t *testing.T) {
+	c := newCluster(t, 2, "--metrics", ":9465")
+	a, b := c.nodes[0], c.nodes[1]
+	a.mustSh("head -c 3000000 /dev/urandom > data && echo small > small")
+	flipBackingByte(t, filepath.Join(a.backing, "data"), 1500000)
+
+	r, took := timedSh(b, "cat data > /dev/null")
+	if r.err == nil || !strings.Contains(r.stderr, "Input/output error") || took > 10*time.Second {
+		t.Fatalf("cat of a file whose bytes changed on its owner's disk: %v after %v, want EIO at once", r, took)
+	}
+	noPartial(t, b, "data")
+	st := b.status()
+	if n := transportCounter(st, "corrupt_copies"); n != 1 || failedForGood(st, "EIO") != 1 {
+		t.Fatalf("status counts %d corrupt copies, %d EIO failures; want 1, 1: %v", n, failedForGood(st, "EIO"), st.Extra["transport"])
+	}
+	logText := b.readLog()
+	found := false
+	for _, line := range strings.Split(logText, "\n") {
+		if strings.Contains(line, "does not match its published checksum") && strings.Contains(line, "path=data") &&
+			strings.Contains(line, "owner="+a.name) && strings.Contains(line, "node="+b.name) {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("the consumer's log has no line naming the path and both nodes:\n%s", logText)
+	}
+	metricsText := b.mustSh(`python3 -c 'import urllib.request, sys; sys.stdout.write(urllib.request.urlopen("http://` + b.ip + `:9465/metrics").read().decode())'`)
+	if n := sample(metricsText, "dyadfs_extra_transport_corrupt_copies_total"); n != 1 {
+		t.Fatalf("metrics count %v corrupt copies, want 1", n)
+	}
+
+	// Written again through the mount: published with a new checksum.
+	a.mustSh("head -c 3000000 /dev/urandom > data")
+	if got, want := sha(b, "data"), sha(a, "data"); got != want {
+		t.Fatalf("data written again: sha256 %s, want %s", got, want)
+	}
+	if got := b.mustSh("cat small"); got != "small\n" {
+		t.Fatalf("small: %q", got)
+	}
+	st = b.status()
+	if n := transportCounter(st, "verified_copies"); n < 2 || transportCounter(st, "unverified_copies") != 0 {
+		t.Fatalf("status counts %d verified, %d unverified copies; want 2 and 0: %v", n, transportCounter(st, "unverified_copies"), st.Extra["transport"])
+	}
+}
+
+// flipBackingByte inverts one byte of a file in a node's backing directory
+// and sets its mtime back.
+func flipBackingByte(t *testing.T, name string, off int64) {
+	t.Helper()
+	fi, err := os.Stat(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(name, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0xff
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := os.Chtimes(name, fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+}

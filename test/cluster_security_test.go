@@ -48,7 +48,7 @@ func init() {
 		defer os.Remove(dst.Name())
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		info, err := t.Fetch(ctx, args[0], dtl.Request{Path: args[1]}, dst)
+		info, err := t.Fetch(ctx, args[0], dtl.Request{Path: args[1]}, dtl.NewSink(dst))
 		for _, e := range []struct {
 			err  error
 			name string

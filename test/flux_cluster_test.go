@@ -260,7 +260,7 @@ func TestFluxRefusals(t *testing.T) {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		info, err := tc.tr.Fetch(ctx, addr, dtl.Request{Path: tc.path}, dst)
+		info, err := tc.tr.Fetch(ctx, addr, dtl.Request{Path: tc.path}, dtl.NewSink(dst))
 		cancel()
 		dst.Close()
 		switch {

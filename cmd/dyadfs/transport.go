@@ -100,6 +100,11 @@ func transportStatus(name string, t dtl.Transport, d *dmd.DMD) func() map[string
 			"retries":          st.Retries.Load(),
 			"failed_transfers": st.Failures.Load(),
 			"failed_for_good":  st.Permanent(),
+			// Copies checked against their owner's checksum.
+			"verified_copies":       st.Verified.Load(),
+			"corrupt_copies":        st.Corrupt.Load(),
+			"unverified_copies":     st.Unverified.Load(),
+			"checksum_reread_bytes": st.Reread.Load(),
 		}
 		// What the backend served to other nodes.
 		switch tr := t.(type) {

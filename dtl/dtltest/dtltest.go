@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/internal/digest"
 )
 
 // NewPair returns two fresh transports, neither serving yet: the suite
@@ -66,6 +67,8 @@ func Run(t *testing.T, newPair func(t *testing.T) (server, client dtl.Transport)
 		{"Unreadable", unreadable},
 		{"FetcherPermanent", fetcherPermanent},
 		{"FetcherBacksOff", fetcherBacksOff},
+		{"CorruptContent", corruptContent},
+		{"CorruptNotice", corruptNotice},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newPair) })
@@ -137,11 +140,19 @@ func (e *env) fetchCheck(ctx context.Context, p string) error {
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
-	info, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: p}, f)
+	sink := dtl.NewSink(f)
+	info, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: p}, sink)
 	if err != nil {
 		return fmt.Errorf("fetch %s: %w", p, err)
 	}
-	return e.compare(p, info, f)
+	if err := e.compare(p, info, f); err != nil {
+		return err
+	}
+	// What the Sink hashed on the way is the content's checksum.
+	if got, err := sink.Sum(info.Size); err != nil || got != info.Checksum {
+		return fmt.Errorf("%s: checksum of what arrived %v (%v), the owner's %v", p, got, err, info.Checksum)
+	}
+	return nil
 }
 
 // compare checks a received file against the source file.
@@ -150,7 +161,16 @@ func (e *env) compare(p string, info dtl.FileInfo, got *os.File) error {
 	if err := syscall.Stat(filepath.Join(e.src.Root(), p), &st); err != nil {
 		return err
 	}
-	want := dtl.FileInfo{Size: st.Size, Mode: st.Mode, Uid: st.Uid, Gid: st.Gid, MtimeNs: st.Mtim.Nano(), Generation: e.src.generation(p)}
+	src, err := os.Open(filepath.Join(e.src.Root(), p))
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	checksum, err := digest.File(src, st.Size)
+	if err != nil {
+		return err
+	}
+	want := dtl.FileInfo{Size: st.Size, Mode: st.Mode, Uid: st.Uid, Gid: st.Gid, MtimeNs: st.Mtim.Nano(), Generation: e.src.generation(p), Checksum: checksum}
 	if info != want {
 		return fmt.Errorf("%s: reply says %+v, source has %+v", p, info, want)
 	}
@@ -240,7 +260,7 @@ func sparseOver4GiB(t *testing.T, newPair NewPair) {
 
 	got := Dst(t)
 	start := time.Now()
-	info, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "big.sparse"}, got)
+	info, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "big.sparse"}, dtl.NewSink(got))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +372,7 @@ func refusals(t *testing.T, newPair NewPair) {
 	}
 	for round := 0; round < 2; round++ {
 		for _, c := range cases {
-			_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: c.path, Generation: 3}, Dst(t))
+			_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: c.path, Generation: 3}, dtl.NewSink(Dst(t)))
 			var re *dtl.RemoteError
 			if !errors.As(err, &re) || !errors.Is(err, c.want) || re.Msg == "" {
 				t.Errorf("fetch %s: got %v, want a *dtl.RemoteError for %q with a message", c.path, err, c.want)
@@ -371,7 +391,7 @@ func rewrittenWhileSent(t *testing.T, newPair NewPair) {
 	e.src.WriteFile("moving", bytes.Repeat([]byte("m"), 3<<20))
 	e.src.WriteFile("ok", []byte("fine"))
 	e.src.Set("moving", Rewritten)
-	_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "moving"}, Dst(t))
+	_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "moving"}, dtl.NewSink(Dst(t)))
 	if !errors.Is(err, dtl.ErrBusy) {
 		t.Fatalf("fetch of a file rewritten while sent: %v, want dtl.ErrBusy", err)
 	}
@@ -385,7 +405,7 @@ func wrongOwner(t *testing.T, newPair NewPair) {
 	ctx := ctxFor(t)
 	e.src.WriteFile("f", []byte("x"))
 	calls := e.src.Calls()
-	_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "f", Owner: "someone-else"}, Dst(t))
+	_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "f", Owner: "someone-else"}, dtl.NewSink(Dst(t)))
 	if !errors.Is(err, dtl.ErrUnavailable) || e.src.Calls() != calls {
 		t.Fatalf("fetch from the wrong node: %v (source called %d times), want dtl.ErrUnavailable and no call", err, e.src.Calls()-calls)
 	}
@@ -400,7 +420,7 @@ func badPaths(t *testing.T, newPair NewPair) {
 		t.Fatal(err)
 	}
 	for _, p := range []string{"../x", "..", "/etc/passwd", "a/../../x", "a/../ok", "./ok", "a//ok", "ok/", ".", "", "ok\x00", "a/\x00/b"} {
-		_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: p}, Dst(t))
+		_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: p}, dtl.NewSink(Dst(t)))
 		if !errors.Is(err, dtl.ErrOutside) {
 			t.Errorf("fetch %q: got %v, want %v", p, err, dtl.ErrOutside)
 		}
@@ -464,7 +484,7 @@ func fetchAsync(ctx context.Context, c dtl.Transport, addr, p string, f *os.File
 	done := make(chan result, 1)
 	go func() {
 		start := time.Now()
-		_, err := c.Fetch(ctx, addr, dtl.Request{Path: p}, f)
+		_, err := c.Fetch(ctx, addr, dtl.Request{Path: p}, dtl.NewSink(f))
 		done <- result{err, time.Since(start)}
 	}()
 	return done
@@ -533,13 +553,13 @@ func cancelledBeforeStart(t *testing.T, newPair NewPair) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "f"}, Dst(t))
+	_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "f"}, dtl.NewSink(Dst(t)))
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("Fetch with a cancelled context: got %v, want %v", err, context.Canceled)
 	}
 	dl, cancel2 := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
 	defer cancel2()
-	_, err = e.client.Fetch(dl, e.addr, dtl.Request{Path: "f"}, Dst(t))
+	_, err = e.client.Fetch(dl, e.addr, dtl.Request{Path: "f"}, dtl.NewSink(Dst(t)))
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Fetch with an expired context: got %v, want %v", err, context.DeadlineExceeded)
 	}
@@ -588,7 +608,7 @@ func wrongSecret(t *testing.T, newPair NewPair) {
 		other.Close()
 	})
 	for range 3 {
-		_, err := stranger.Fetch(ctxFor(t), e.addr, dtl.Request{Path: "f"}, Dst(t))
+		_, err := stranger.Fetch(ctxFor(t), e.addr, dtl.Request{Path: "f"}, dtl.NewSink(Dst(t)))
 		if !errors.Is(err, dtl.ErrUnauthorized) {
 			t.Errorf("fetch with another secret: got %v, want %v", err, dtl.ErrUnauthorized)
 		}
@@ -603,7 +623,7 @@ func wrongSecret(t *testing.T, newPair NewPair) {
 func unreachable(t *testing.T, newPair NewPair) {
 	e := start(t, newPair)
 	e.server.Close()
-	_, err := e.client.Fetch(ctxFor(t), e.addr, dtl.Request{Path: "f"}, Dst(t))
+	_, err := e.client.Fetch(ctxFor(t), e.addr, dtl.Request{Path: "f"}, dtl.NewSink(Dst(t)))
 	if !errors.Is(err, dtl.ErrUnavailable) {
 		t.Errorf("fetch from a closed server: got %v, want %v", err, dtl.ErrUnavailable)
 	}
@@ -618,7 +638,7 @@ func fetchAfterClose(t *testing.T, newPair NewPair) {
 	if err := e.client.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.client.Fetch(ctxFor(t), e.addr, dtl.Request{Path: "f"}, Dst(t)); err == nil {
+	if _, err := e.client.Fetch(ctxFor(t), e.addr, dtl.Request{Path: "f"}, dtl.NewSink(Dst(t))); err == nil {
 		t.Error("Fetch on a closed transport succeeded")
 	}
 	if err := e.client.Close(); err != nil {

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/internal/digest"
 )
 
 // The faults of a transfer, through the transport and the Fetcher every
@@ -35,7 +36,7 @@ func unreadable(t *testing.T, newPair NewPair) {
 		path string
 		want error
 	}{{"locked", dtl.ErrUnreadable}, {"broken", dtl.ErrUnreadable}} {
-		_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: c.path}, Dst(t))
+		_, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: c.path}, dtl.NewSink(Dst(t)))
 		var re *dtl.RemoteError
 		if !errors.As(err, &re) || !errors.Is(err, c.want) {
 			t.Errorf("fetch %s: %v, want a *dtl.RemoteError for %v", c.path, err, c.want)
@@ -167,5 +168,104 @@ func fetcherBacksOff(t *testing.T, newPair NewPair) {
 	// off, dozens.
 	if n := f.Stats().Retries.Load(); n < 3 || n > 8 {
 		t.Fatalf("%d retries in %v, want a few, backing off", n, took)
+	}
+}
+
+// corruptContent: a file whose bytes changed on the owner's disk after it
+// was published (same size and mtime, as a flipped bit leaves it) arrives
+// with the published checksum; the Fetcher finds the mismatch, installs
+// nothing, leaves no temporary file, counts it, and fails for good with
+// the reader's EIO. Sizes cover a notice-sized file, one block and many.
+func corruptContent(t *testing.T, newPair NewPair) {
+	e := start(t, newPair)
+	for _, size := range []int{100, 1 << 20, 5<<20 + 3} {
+		p := fmt.Sprintf("flipped-%d", size)
+		data := randomBytes(t, size)
+		if err := e.src.WriteFile(p, data); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.src.Publish(p); err != nil {
+			t.Fatal(err)
+		}
+		flipByte(t, filepath.Join(e.src.Root(), p), int64(size/2))
+		dest, tmp := t.TempDir(), t.TempDir()
+		f, err := dtl.NewFetcher(dtl.FetcherConfig{Transport: e.client, Owners: &fixedOwners{addr: e.addr},
+			Dest: dirDest(dest), TempDir: tmp, Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = f.Fetch(ctxFor(t), version(p, size))
+		if !errors.Is(err, dtl.ErrCorrupt) || !errors.Is(err, dtl.ErrPermanent) || dtl.ReaderErrno(err) != syscall.EIO {
+			t.Errorf("%s: fetch of corrupt content: %v, want dtl.ErrCorrupt, permanent, EIO", p, err)
+		}
+		if st := f.Stats(); st.Corrupt.Load() != 1 || st.Verified.Load() != 0 {
+			t.Errorf("%s: counted %d corrupt, %d verified; want 1, 0", p, st.Corrupt.Load(), st.Verified.Load())
+		}
+		f.Close()
+		if ents, _ := os.ReadDir(dest); len(ents) != 0 {
+			t.Errorf("%s: corrupt copy installed: %v", p, ents)
+		}
+		if ents, _ := os.ReadDir(tmp); len(ents) != 0 {
+			t.Errorf("%s: temporary files left: %v", p, ents)
+		}
+	}
+	// The same path published again as it now is arrives.
+	e.src.WriteFile("good", []byte("good"))
+	f := e.newFetcher(t, dirDest(t.TempDir()), time.Minute)
+	if err := f.Fetch(ctxFor(t), version("good", 4)); err != nil || f.Stats().Verified.Load() != 1 {
+		t.Errorf("fetch of an intact file: %v, verified %d", err, f.Stats().Verified.Load())
+	}
+}
+
+// flipByte inverts the bits of the byte at off in the file at name and
+// gives the file back its mtime, as a failing disk would leave it.
+func flipByte(t *testing.T, name string, off int64) {
+	t.Helper()
+	st, err := os.Stat(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(name, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0xff
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(name, st.ModTime(), st.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// corruptNotice: bytes a notice carried that do not match the record's
+// checksum are not installed; the Fetcher counts them and brings the file
+// by a transfer instead, which is verified too.
+func corruptNotice(t *testing.T, newPair NewPair) {
+	e := start(t, newPair)
+	data := randomBytes(t, 300)
+	e.src.WriteFile("small", data)
+	dest := t.TempDir()
+	f := e.newFetcher(t, dirDest(dest), time.Minute)
+	v := version("small", len(data))
+	v.Info.Checksum = digest.Bytes(data)
+	v.Inline = append([]byte(nil), data...)
+	v.Inline[7] ^= 1
+	if err := f.Fetch(ctxFor(t), v); err != nil {
+		t.Fatalf("fetch after a damaged notice: %v", err)
+	}
+	got, err := os.ReadFile(filepath.Join(dest, "small"))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Errorf("installed %q (%v), want the owner's bytes", got, err)
+	}
+	st := f.Stats()
+	if st.Corrupt.Load() != 1 || st.FromNotices.Load() != 0 || st.Transfers.Load() != 1 || st.Verified.Load() != 1 {
+		t.Errorf("corrupt %d, from notices %d, transfers %d, verified %d; want 1, 0, 1, 1",
+			st.Corrupt.Load(), st.FromNotices.Load(), st.Transfers.Load(), st.Verified.Load())
 	}
 }

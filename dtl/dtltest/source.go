@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/internal/digest"
 )
 
 // State is what a Source says about a path, whatever the directory holds.
@@ -53,6 +54,7 @@ type Source struct {
 	gens    map[string]uint64
 	streams map[string]*stream
 	fails   map[string]int64
+	sums    map[string]digest.Sum
 }
 
 var _ dtl.Source = (*Source)(nil)
@@ -70,7 +72,43 @@ func NewSource(root string) *Source {
 		gens:    make(map[string]uint64),
 		streams: make(map[string]*stream),
 		fails:   make(map[string]int64),
+		sums:    make(map[string]digest.Sum),
 	}
+}
+
+// Publish describes p with the checksum of what its file holds now, as
+// a producer records at publish: changing the file afterwards makes the
+// Source send bytes that do not match it. Without Publish a file is
+// described with the checksum of what it holds when it is opened.
+func (s *Source) Publish(p string) error {
+	f, err := os.Open(filepath.Join(s.root, filepath.FromSlash(p)))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	sum, err := digest.File(f, st.Size())
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sums[p] = sum
+	return nil
+}
+
+// checksum is what p is described with, its file open as f.
+func (s *Source) checksum(p string, f *os.File, size int64) (digest.Sum, error) {
+	s.mu.Lock()
+	sum, ok := s.sums[p]
+	s.mu.Unlock()
+	if ok {
+		return sum, nil
+	}
+	return digest.File(f, size)
 }
 
 // ReadFails makes p a file described as size bytes whose reads fail (with
@@ -206,7 +244,12 @@ func (s *Source) OpenPublished(ctx context.Context, req dtl.Request) (*os.File, 
 		return nil, dtl.FileInfo{}, err
 	}
 	f := os.NewFile(uintptr(fd), filepath.Join(s.root, p))
-	return f, dtl.FileInfo{Size: sst.Size, Mode: sst.Mode, Uid: sst.Uid, Gid: sst.Gid, MtimeNs: sst.Mtim.Nano(), Generation: gen}, nil
+	sum, err := s.checksum(p, f, sst.Size)
+	if err != nil {
+		f.Close()
+		return nil, dtl.FileInfo{}, err
+	}
+	return f, dtl.FileInfo{Size: sst.Size, Mode: sst.Mode, Uid: sst.Uid, Gid: sst.Gid, MtimeNs: sst.Mtim.Nano(), Generation: gen, Checksum: sum}, nil
 }
 
 func (s *Source) openBeneath(p string) (int, error) {

@@ -622,8 +622,8 @@ func (t *Transport) rpc(ctx context.Context, rank uint32, svc, method string, bo
 }
 
 // Fetch implements dtl.Transport.
-func (t *Transport) Fetch(ctx context.Context, addr string, req dtl.Request, dst *os.File) (dtl.FileInfo, error) {
-	if dst == nil {
+func (t *Transport) Fetch(ctx context.Context, addr string, req dtl.Request, dst *dtl.Sink) (dtl.FileInfo, error) {
+	if !dst.Valid() {
 		return dtl.FileInfo{}, errors.New("flux transport: nil destination file")
 	}
 	if err := t.enter(); err != nil {

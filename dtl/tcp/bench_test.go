@@ -36,7 +36,7 @@ func benchFetch(b *testing.B, size int, parallel bool) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, f); err != nil {
+		if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(f)); err != nil {
 			b.Fatal(err)
 		}
 		f.Close()

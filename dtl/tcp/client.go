@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
@@ -44,8 +45,8 @@ func (t *Transport) enter() error {
 // dtl.Transport). It takes an idle connection to addr if there is one;
 // if that connection turns out to have been closed by the server before
 // it answered, Fetch retries once on a new one.
-func (t *Transport) Fetch(ctx context.Context, addr string, req dtl.Request, dst *os.File) (dtl.FileInfo, error) {
-	if dst == nil {
+func (t *Transport) Fetch(ctx context.Context, addr string, req dtl.Request, dst *dtl.Sink) (dtl.FileInfo, error) {
+	if !dst.Valid() {
 		return dtl.FileInfo{}, errors.New("tcp transport: nil destination file")
 	}
 	if len(req.Path) > maxPath {
@@ -191,7 +192,8 @@ func (t *Transport) roundTrip(cc *clientConn, msg []byte) (reply []byte, keep, s
 	return p, cc.br.Buffered() == 0, false, nil
 }
 
-func (t *Transport) receive(cc *clientConn, req dtl.Request, dst *os.File) (info dtl.FileInfo, keep, stale bool, err error) {
+func (t *Transport) receive(cc *clientConn, req dtl.Request, dst *dtl.Sink) (info dtl.FileInfo, keep, stale bool, err error) {
+	dst.InOrder() // chunks come in order; the gaps are holes
 	stall := t.cfg.StallTimeout
 	cc.conn.SetWriteDeadline(time.Now().Add(stall))
 	cc.out = appendGet(cc.out[:0], getReq{Generation: req.Generation, Path: req.Path})
@@ -230,10 +232,7 @@ func (t *Transport) receive(cc *clientConn, req dtl.Request, dst *os.File) (info
 			if ch.Len == 0 || ch.Len > maxChunk || ch.Off < next || ch.Off > info.Size || ch.Len > info.Size-ch.Off {
 				return info, false, false, protoErr("chunk of %d bytes at %d: out of order, empty, too large or beyond the %d-byte file (next may start at %d)", ch.Len, ch.Off, info.Size, next)
 			}
-			if _, err := dst.Seek(ch.Off, io.SeekStart); err != nil {
-				return info, false, false, err
-			}
-			if err := cc.copyData(dst, ch.Len, stall); err != nil {
+			if err := cc.copyData(dst, ch.Off, ch.Len, stall); err != nil {
 				return info, false, false, fmt.Errorf("receiving %d bytes at %d: %w", ch.Len, ch.Off, err)
 			}
 			next, total = ch.Off+ch.Len, total+ch.Len
@@ -261,25 +260,35 @@ func (t *Transport) receive(cc *clientConn, req dtl.Request, dst *os.File) (info
 	}
 }
 
-// copyData writes the n bytes of a chunk's data to dst at its position:
-// what is already buffered with a write, the rest straight from the socket
-// (splice) in pieces, renewing the read deadline for each.
-func (cc *clientConn) copyData(dst *os.File, n int64, stall time.Duration) error {
+// copyData writes the n bytes of a chunk's data to dst at off: what is
+// already buffered first, the rest read from the socket in pieces,
+// renewing the read deadline for each. The bytes pass through this
+// process (not spliced into the file) so that dst hashes them on the way.
+func (cc *clientConn) copyData(dst *dtl.Sink, off, n int64, stall time.Duration) error {
 	for n > 0 {
 		cc.conn.SetReadDeadline(time.Now().Add(stall))
 		if b := cc.br.Buffered(); b > 0 {
 			k := int(min(int64(b), n))
 			p, _ := cc.br.Peek(k)
-			if _, err := dst.Write(p); err != nil {
+			if _, err := dst.WriteAt(p, off); err != nil {
 				return err
 			}
 			cc.br.Discard(k)
-			n -= int64(k)
+			off, n = off+int64(k), n-int64(k)
 			continue
 		}
 		if n >= smallChunk {
-			w, err := io.CopyN(dst, cc.conn, min(n, piece))
-			n -= w
+			data := pieces.Get().(*[]byte)
+			p := (*data)[:min(n, piece)]
+			r, err := io.ReadFull(cc.conn, p)
+			if r > 0 {
+				if _, werr := dst.WriteAt(p[:r], off); werr != nil {
+					pieces.Put(data)
+					return werr
+				}
+			}
+			pieces.Put(data)
+			off, n = off+int64(r), n-int64(r)
 			if err != nil {
 				if err == io.EOF {
 					err = io.ErrUnexpectedEOF
@@ -297,6 +306,10 @@ func (cc *clientConn) copyData(dst *os.File, n int64, stall time.Duration) error
 	}
 	return nil
 }
+
+// pieces are the buffers chunk data is read into, shared by all
+// connections: only transfers in progress hold one.
+var pieces = sync.Pool{New: func() any { b := make([]byte, piece); return &b }}
 
 // refusal turns an error frame answering a request into the error Fetch
 // returns, and tells whether the connection stays usable.

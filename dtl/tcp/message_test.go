@@ -254,7 +254,7 @@ func TestMessagesAndFetches(t *testing.T) {
 					continue
 				}
 				dst := dtltest.Dst(t)
-				info, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f", Owner: "owner"}, dst)
+				info, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f", Owner: "owner"}, dtl.NewSink(dst))
 				if err != nil || info.Size != int64(len(data)) {
 					t.Errorf("fetch %d: %+v %v", i, info, err)
 					return

@@ -38,7 +38,8 @@ import (
 //	C→S get        generation u64, path u16-string
 //	S→C error      code u16, versions u8-count + u16 each, message u16-string
 //	or
-//	S→C header     size i64, mode u32, uid u32, gid u32, mtime ns i64, generation u64
+//	S→C header     size i64, mode u32, uid u32, gid u32, mtime ns i64, generation u64,
+//	               checksum [16] (all zero: none; see internal/digest)
 //	S→C chunk      offset u64, length u32, then length bytes    (repeated)
 //	S→C end        total u64: the sum of the chunk lengths
 //	or, in place of end, when the server could not read the whole file
@@ -62,11 +63,12 @@ import (
 // does.
 //
 // Version 1 had no msg and reply, and its MACs did not cover the node
-// names; a peer of version 1 gets the version error.
+// names; version 2 had no checksum in the header. A peer of an older
+// version gets the version error.
 const (
 	magic = "dyadfs-dtl"
 	// protoVersion is the version this package speaks.
-	protoVersion = uint16(2)
+	protoVersion = uint16(3)
 	frameHeader  = 5
 	// maxFrame bounds every frame's payload: a peer announcing more
 	// breaks the protocol.
@@ -227,6 +229,7 @@ func appendHeader(b []byte, fi dtl.FileInfo) []byte {
 	b = binary.BigEndian.AppendUint32(b, fi.Gid)
 	b = binary.BigEndian.AppendUint64(b, uint64(fi.MtimeNs))
 	b = binary.BigEndian.AppendUint64(b, fi.Generation)
+	b = append(b, fi.Checksum[:]...)
 	return endFrame(b, s)
 }
 
@@ -461,6 +464,7 @@ func decodeHeader(p []byte) (dtl.FileInfo, error) {
 	fi.Gid = d.u32()
 	fi.MtimeNs = int64(d.u64())
 	fi.Generation = d.u64()
+	copy(fi.Checksum[:], d.take(len(fi.Checksum)))
 	if err := d.finish(tHeader); err != nil {
 		return dtl.FileInfo{}, err
 	}

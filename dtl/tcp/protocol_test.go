@@ -206,9 +206,9 @@ func TestRoundTrip(t *testing.T) {
 		t.Errorf("hello: %+v %v", got, err)
 	}
 	// A future hello, longer or shorter, is told apart by its version.
-	future := appendHello(nil, hello{Version: 3})
+	future := appendHello(nil, hello{Version: protoVersion + 1})
 	_, err = decodeHello(append(future[frameHeader:frameHeader+len(magic)+2], "anything"...))
-	if ev, ok := err.(errVersion); !ok || ev.version != 3 {
+	if ev, ok := err.(errVersion); !ok || ev.version != protoVersion+1 {
 		t.Errorf("future hello: %v", err)
 	}
 	// Messages and replies up to dtl.MaxMessage, not one byte more (the

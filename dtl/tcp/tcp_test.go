@@ -172,15 +172,15 @@ func TestReuse(t *testing.T) {
 	src.WriteFile("f", []byte("hello"))
 	ctx := ctxFor(t)
 	for range 10 {
-		if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t)); err != nil {
+		if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// A refusal keeps the connection too.
-	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "missing"}, dtltest.Dst(t)); !errors.Is(err, dtl.ErrNotFound) {
+	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "missing"}, dtl.NewSink(dtltest.Dst(t))); !errors.Is(err, dtl.ErrNotFound) {
 		t.Fatal(err)
 	}
-	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t)); err != nil {
+	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); err != nil {
 		t.Fatal(err)
 	}
 	// Close waits for the server's goroutines: its counters are final.
@@ -207,7 +207,7 @@ func TestPoolBound(t *testing.T) {
 	for range 3 * maxIdlePerAddr {
 		f := dtltest.Dst(t)
 		wg.Go(func() {
-			if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, f); err != nil {
+			if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(f)); err != nil {
 				t.Error(err)
 			}
 		})
@@ -232,7 +232,7 @@ func TestFailedNotPooled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "slow"}, dtltest.Dst(t))
+		_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "slow"}, dtl.NewSink(dtltest.Dst(t)))
 		done <- err
 	}()
 	w := <-writers
@@ -241,7 +241,7 @@ func TestFailedNotPooled(t *testing.T) {
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("got %v, want %v", err, context.Canceled)
 	}
-	if _, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t)); err != nil {
+	if _, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); err != nil {
 		t.Fatal(err)
 	}
 	if st := client.Stats(); st.Dials != 2 || st.Reused != 0 {
@@ -257,7 +257,7 @@ func TestStaleRetry(t *testing.T) {
 	client, _ := newTransport(t, s, opts{})
 	src.WriteFile("f", []byte("f"))
 	ctx := ctxFor(t)
-	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t)); err != nil {
+	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); err != nil {
 		t.Fatal(err)
 	}
 	server.mu.Lock()
@@ -265,7 +265,7 @@ func TestStaleRetry(t *testing.T) {
 		sc.conn.Close()
 	}
 	server.mu.Unlock()
-	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t)); err != nil {
+	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); err != nil {
 		t.Fatal(err)
 	}
 	if st := client.Stats(); st.Dials != 2 || st.Retried != 1 {
@@ -284,7 +284,7 @@ func TestIdleServerCloses(t *testing.T) {
 	}
 	client, _ := newTransport(t, s, opts{})
 	src.WriteFile("f", []byte("f"))
-	if _, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t)); err != nil {
+	if _, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); err != nil {
 		t.Fatal(err)
 	}
 	client.mu.Lock()
@@ -302,7 +302,7 @@ func TestUnauthorizedServer(t *testing.T) {
 	server, src, slg := served(t, newSecret(), opts{})
 	client, clog := newTransport(t, newSecret(), opts{})
 	src.WriteFile("f", []byte("f"))
-	_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t))
+	_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
 	var re *dtl.RemoteError
 	if !errors.As(err, &re) || !errors.Is(err, dtl.ErrUnauthorized) {
 		t.Errorf("got %v, want a *dtl.RemoteError for %v", err, dtl.ErrUnauthorized)
@@ -325,7 +325,7 @@ func TestDialFailures(t *testing.T) {
 	}
 	dead := ln.Addr().String()
 	ln.Close()
-	if _, err := client.Fetch(ctxFor(t), dead, dtl.Request{Path: "f"}, dtltest.Dst(t)); !errors.Is(err, dtl.ErrUnavailable) {
+	if _, err := client.Fetch(ctxFor(t), dead, dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); !errors.Is(err, dtl.ErrUnavailable) {
 		t.Errorf("nothing listening: got %v, want %v", err, dtl.ErrUnavailable)
 	}
 	// The kernel completes connections that nobody accepts.
@@ -335,7 +335,7 @@ func TestDialFailures(t *testing.T) {
 	}
 	defer mute.Close()
 	start := time.Now()
-	_, err = client.Fetch(ctxFor(t), mute.Addr().String(), dtl.Request{Path: "f"}, dtltest.Dst(t))
+	_, err = client.Fetch(ctxFor(t), mute.Addr().String(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
 	if !errors.Is(err, dtl.ErrUnavailable) {
 		t.Errorf("mute listener: got %v, want %v", err, dtl.ErrUnavailable)
 	}
@@ -356,7 +356,7 @@ func TestCloseEndsEverything(t *testing.T) {
 		writers := src.Stream("slow", 1<<30)
 		ctx := ctxFor(t)
 		for range 5 {
-			if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t)); err != nil {
+			if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -364,7 +364,7 @@ func TestCloseEndsEverything(t *testing.T) {
 		for range 4 {
 			f := dtltest.Dst(t)
 			go func() {
-				_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "slow"}, f)
+				_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "slow"}, dtl.NewSink(f))
 				done <- err
 			}()
 		}
@@ -400,7 +400,7 @@ func TestCloseWhileFetching(t *testing.T) {
 	writers := src.Stream("slow", 1<<30)
 	done := make(chan error, 1)
 	go func() {
-		_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "slow"}, dtltest.Dst(t))
+		_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "slow"}, dtl.NewSink(dtltest.Dst(t)))
 		done <- err
 	}()
 	w := <-writers
@@ -423,7 +423,7 @@ func TestSparseSendsOnlyData(t *testing.T) {
 	f.WriteAt(bytes.Repeat([]byte("d"), 8192), 1<<29)
 	f.Close()
 	got := dtltest.Dst(t)
-	info, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "sparse"}, got)
+	info, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "sparse"}, dtl.NewSink(got))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -446,7 +446,7 @@ func TestShrunkFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	client, _ := newTransport(t, s, opts{})
-	_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t))
+	_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
 	if err == nil {
 		t.Fatal("a file shorter than described was received")
 	}
@@ -468,4 +468,133 @@ func (l lyingSource) OpenPublished(ctx context.Context, req dtl.Request) (*os.Fi
 		return nil, dtl.FileInfo{}, dtl.ErrNotFound
 	}
 	return f, dtl.FileInfo{Size: l.size, Mode: 0o100644, Generation: 1}, nil
+}
+
+// flipProxy forwards connections to target and inverts one byte of what
+// the server sends, at offset at of each connection's stream: a byte
+// damaged on the wire that TCP's own checksum missed.
+func flipProxy(t *testing.T, target string, at int64) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, s)
+			mu.Unlock()
+			wg.Go(func() { io.Copy(s, c); s.(*net.TCPConn).CloseWrite() })
+			wg.Go(func() {
+				defer c.Close()
+				defer s.Close()
+				buf := make([]byte, 32<<10)
+				var off int64
+				for {
+					n, err := s.Read(buf)
+					if at >= off && at < off+int64(n) {
+						buf[at-off] ^= 0xff
+					}
+					off += int64(n)
+					if n > 0 {
+						if _, werr := c.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	return ln.Addr().String()
+}
+
+type ownerAt string
+
+func (a ownerAt) Peer(context.Context, string) (dtl.Peer, error) {
+	return dtl.Peer{Addr: string(a)}, nil
+}
+
+type intoDir string
+
+func (d intoDir) Install(tmp *os.File, v dtl.Version) error {
+	return os.Rename(tmp.Name(), filepath.Join(string(d), v.Path))
+}
+
+// A byte flipped in transit: the copy does not match the owner's
+// checksum, the fetch fails for good with EIO, nothing is installed and
+// the mismatch is logged with the path and both nodes. Straight to the
+// server, the same file arrives.
+func TestCorruptInTransit(t *testing.T) {
+	s := newSecret()
+	server, src, _ := served(t, s, opts{node: "owner"})
+	client, _ := newTransport(t, s, opts{node: "consumer"})
+	data := make([]byte, 3<<20)
+	rand.Read(data)
+	src.WriteFile("f", data)
+	for _, c := range []struct {
+		name string
+		addr string
+		want error
+	}{
+		{"flipped on the way", flipProxy(t, server.Addr(), 2<<20), dtl.ErrCorrupt},
+		{"straight", server.Addr(), nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dest := t.TempDir()
+			lb := &logBuf{}
+			f, err := dtl.NewFetcher(dtl.FetcherConfig{Transport: client, Owners: ownerAt(c.addr), Dest: intoDir(dest),
+				TempDir: t.TempDir(), Timeout: time.Minute, Node: "consumer",
+				Log: slog.New(slog.NewTextHandler(lb, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			err = f.Fetch(ctxFor(t), dtl.Version{Path: "f", Owner: "owner", Info: dtl.FileInfo{Size: int64(len(data)), Generation: 1}})
+			got, rerr := os.ReadFile(filepath.Join(dest, "f"))
+			if c.want == nil {
+				if err != nil || !bytes.Equal(got, data) || f.Stats().Verified.Load() != 1 {
+					t.Fatalf("fetch: %v, read %v, verified %d", err, rerr, f.Stats().Verified.Load())
+				}
+				return
+			}
+			if !errors.Is(err, c.want) || dtl.ReaderErrno(err) != 5 /* EIO */ {
+				t.Errorf("fetch: %v, want %v (EIO)", err, c.want)
+			}
+			if rerr == nil {
+				t.Error("the damaged copy was installed")
+			}
+			line := lb.String()
+			for _, w := range []string{"does not match its published checksum", "path=f", "owner=owner", "node=consumer"} {
+				if !strings.Contains(line, w) {
+					t.Errorf("log lacks %q:\n%s", w, line)
+				}
+			}
+		})
+	}
 }

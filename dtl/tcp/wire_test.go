@@ -123,13 +123,16 @@ func TestRawClients(t *testing.T) {
 			t.Errorf("version error %+v does not name the versions spoken", e)
 		}
 	})
-	t.Run("Version1", func(t *testing.T) {
-		// A version 1 peer (no messages, MACs without node ids).
-		r := rawDial(t, addr)
-		r.write(helloWith(magic, 1))
-		e := r.expectError(dtl.CodeVersion)
-		if len(e.Versions) != 1 || e.Versions[0] != 2 {
-			t.Errorf("version error %+v does not name version 2", e)
+	t.Run("OlderVersions", func(t *testing.T) {
+		// Version 1 (no messages, MACs without node ids), version 2 (no
+		// checksum in the header).
+		for _, v := range []uint16{1, 2} {
+			r := rawDial(t, addr)
+			r.write(helloWith(magic, v))
+			e := r.expectError(dtl.CodeVersion)
+			if len(e.Versions) != 1 || e.Versions[0] != protoVersion {
+				t.Errorf("version %d: version error %+v does not name version %d", v, e, protoVersion)
+			}
 		}
 	})
 	t.Run("WrongMagic", func(t *testing.T) {
@@ -163,7 +166,7 @@ func TestRawClients(t *testing.T) {
 	})
 	t.Run("HelloTooShort", func(t *testing.T) {
 		r := rawDial(t, addr)
-		r.write(frame(tHello, []byte(magic+"\x00\x02short")))
+		r.write(frame(tHello, []byte(magic+"\x00\x03short")))
 		r.expectError(dtl.CodeProtocol)
 	})
 	t.Run("GetWithoutHandshake", func(t *testing.T) {
@@ -237,8 +240,8 @@ func TestRawClients(t *testing.T) {
 	if n := src.Calls(); n != 0 {
 		t.Errorf("the Source was called %d times by unauthenticated peers", n)
 	}
-	if n := strings.Count(lg.String(), "refused peer"); n != 13 {
-		t.Errorf("%d refusals logged, want 13:\n%s", n, lg)
+	if n := strings.Count(lg.String(), "refused peer"); n != 14 {
+		t.Errorf("%d refusals logged, want 14:\n%s", n, lg)
 	}
 
 	t.Run("AuthenticatedBadRequests", func(t *testing.T) {
@@ -415,7 +418,7 @@ func TestStalls(t *testing.T) {
 			addr := fakeServer(t, secret, handle)
 			client, _ := newTransport(t, secret, opts{stall: stall})
 			start := time.Now()
-			_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, dtltest.Dst(t))
+			_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
 			took := time.Since(start)
 			var re *dtl.RemoteError
 			if err == nil || errors.As(err, &re) || errors.Is(err, dtl.ErrUnavailable) || errors.Is(err, dtl.ErrProtocol) {
@@ -447,7 +450,7 @@ func TestCutMidTransfer(t *testing.T) {
 		c.Close()
 	})
 	client, _ := newTransport(t, secret, opts{})
-	_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, dtltest.Dst(t))
+	_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
 	var re *dtl.RemoteError
 	if err == nil || errors.As(err, &re) || errors.Is(err, dtl.ErrProtocol) || errors.Is(err, dtl.ErrUnavailable) {
 		t.Errorf("got %v, want a transfer failure", err)
@@ -490,7 +493,7 @@ func TestBadServers(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			addr := fakeServer(t, secret, handle)
 			client, _ := newTransport(t, secret, opts{})
-			_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, dtltest.Dst(t))
+			_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
 			if !errors.Is(err, dtl.ErrProtocol) {
 				t.Errorf("got %v, want %v", err, dtl.ErrProtocol)
 			}
@@ -508,7 +511,7 @@ func TestServerWithoutSecret(t *testing.T) {
 		t.Error("the client sent a request to a server that could not prove the secret")
 	})
 	client, _ := newTransport(t, newSecret(), opts{})
-	_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, dtltest.Dst(t))
+	_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
 	if !errors.Is(err, dtl.ErrUnauthorized) {
 		t.Errorf("got %v, want %v", err, dtl.ErrUnauthorized)
 	}
@@ -533,7 +536,7 @@ func TestVersionRefusedByServer(t *testing.T) {
 		c.Write(appendError(nil, errFrame{Code: dtl.CodeVersion, Versions: []uint16{7, 8}, Msg: "speak 7 or 8"}))
 	}()
 	client, _ := newTransport(t, newSecret(), opts{})
-	_, err = client.Fetch(ctxFor(t), ln.Addr().String(), dtl.Request{Path: "f"}, dtltest.Dst(t))
+	_, err = client.Fetch(ctxFor(t), ln.Addr().String(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
 	if !errors.Is(err, dtl.ErrProtocol) || !strings.Contains(err.Error(), "[7 8]") {
 		t.Errorf("got %v, want a protocol error naming versions 7 and 8", err)
 	}
@@ -550,7 +553,7 @@ func TestRefusalInsteadOfEnd(t *testing.T) {
 		c.Write(appendError(nil, errFrame{Code: dtl.CodeBusy, Msg: "rewritten while sent"}))
 	})
 	client, _ := newTransport(t, secret, opts{})
-	_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, dtltest.Dst(t))
+	_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
 	var re *dtl.RemoteError
 	if !errors.As(err, &re) || !errors.Is(err, dtl.ErrBusy) {
 		t.Fatalf("got %v, want a busy refusal", err)
@@ -580,7 +583,7 @@ func TestHandshakeBound(t *testing.T) {
 	client, _ := newTransport(t, secret, opts{})
 	// Slots are freed as the server notices each close.
 	poll.Until(t, 10*time.Second, "a fetch after the silent peers left", func() bool {
-		_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t))
+		_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
 		return err == nil
 	})
 }

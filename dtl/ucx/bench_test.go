@@ -110,7 +110,7 @@ func benchFetch(b *testing.B, wire string, size, parallel int) {
 			return
 		}
 		start := time.Now()
-		_, err = client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, f)
+		_, err = client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(f))
 		took := time.Since(start)
 		f.Close()
 		os.Remove(f.Name())

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -154,8 +153,8 @@ func (t *Transport) enter() error {
 // dtl.Transport). Requests to one owner share one endpoint, any number at
 // once; if that endpoint turns out to have been closed by the owner before
 // it answered, Fetch retries once on a new one.
-func (t *Transport) Fetch(ctx context.Context, addr string, req dtl.Request, dst *os.File) (dtl.FileInfo, error) {
-	if dst == nil {
+func (t *Transport) Fetch(ctx context.Context, addr string, req dtl.Request, dst *dtl.Sink) (dtl.FileInfo, error) {
+	if !dst.Valid() {
 		return dtl.FileInfo{}, errors.New("ucx transport: nil destination file")
 	}
 	if len(req.Path) > maxPath {
@@ -248,7 +247,7 @@ func (t *Transport) wait(ctx context.Context, op *clientOp, stall *time.Timer, b
 }
 
 // fetch runs one attempt of a Fetch.
-func (t *Transport) fetch(ctx context.Context, op *clientOp, dst *os.File) (info dtl.FileInfo, stale bool, err error) {
+func (t *Transport) fetch(ctx context.Context, op *clientOp, dst *dtl.Sink) (info dtl.FileInfo, stale bool, err error) {
 	what := func() string { return "fetch " + op.path + " from " + op.addr }
 	defer func() {
 		if err != nil && !stale {
@@ -307,7 +306,7 @@ type fetchState struct {
 }
 
 // apply takes one event; done reports the fetch finished.
-func (s *fetchState) apply(t *Transport, ev opEvent, dst *os.File) (done, stale bool, err error) {
+func (s *fetchState) apply(t *Transport, ev opEvent, dst *dtl.Sink) (done, stale bool, err error) {
 	switch ev.kind {
 	case evFail:
 		return false, ev.stale, ev.err
@@ -342,7 +341,7 @@ func (s *fetchState) apply(t *Transport, ev opEvent, dst *os.File) (done, stale 
 }
 
 // complete checks what arrived and reports whether the file is whole.
-func (s *fetchState) complete(dst *os.File) (bool, error) {
+func (s *fetchState) complete(dst *dtl.Sink) (bool, error) {
 	if s.gotHeader && s.size >= 0 && s.size != s.info.Size {
 		return false, protoErr("chunks of a %d-byte file for a %d-byte one", s.size, s.info.Size)
 	}

@@ -179,7 +179,7 @@ func TestPeerKilled(t *testing.T) {
 				}
 				dst := dtltest.Dst(t)
 				go func() {
-					_, err := client.Fetch(ctx, h.addr, dtl.Request{Path: p}, dst)
+					_, err := client.Fetch(ctx, h.addr, dtl.Request{Path: p}, dtl.NewSink(dst))
 					done <- err
 				}()
 			}
@@ -211,7 +211,7 @@ func TestPeerKilled(t *testing.T) {
 			again := startHelper(t, s, h.addr, env)
 			os.WriteFile(filepath.Join(again.dir, "big"), data, 0o644)
 			dst := dtltest.Dst(t)
-			if _, err := client.Fetch(ctx, again.addr, dtl.Request{Path: "big"}, dst); err != nil {
+			if _, err := client.Fetch(ctx, again.addr, dtl.Request{Path: "big"}, dtl.NewSink(dst)); err != nil {
 				t.Fatalf("fetch from the restarted owner: %v", err)
 			}
 			if got, want := fileSum(t, dst.Name()), fileSum(t, filepath.Join(h.dir, "big")); got != want {

@@ -102,7 +102,7 @@ func TestNetns(t *testing.T) {
 			ctx := ctxFor(t)
 			for _, p := range []string{"small", "chunked", "sparse"} {
 				dst := dtltest.Dst(t)
-				info, err := client.Fetch(ctx, h.addr, dtl.Request{Path: p, Owner: "helper"}, dst)
+				info, err := client.Fetch(ctx, h.addr, dtl.Request{Path: p, Owner: "helper"}, dtl.NewSink(dst))
 				if err != nil {
 					t.Fatalf("fetch %s: %v", p, err)
 				}

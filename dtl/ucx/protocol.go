@@ -26,7 +26,8 @@ import (
 //	C→S auth       payload: client MAC [32]
 //	S→C ready
 //	C→S get        id, a = generation; payload: the path
-//	S→C header     id; payload: the file's description (infoLen bytes)
+//	S→C header     id; payload: the file's description (infoLen bytes: size,
+//	               mode, uid, gid, mtime, generation, checksum [16])
 //	S→C file       id; payload: the description, then the whole file
 //	S→C data       id, a = offset, b = the file's size; payload: a chunk (rendezvous)
 //	S→C end        id, a = the sum of the chunks' lengths
@@ -49,9 +50,9 @@ import (
 // the file's size, the end carries the total.
 const (
 	magic        = "dyadfs-ucx"
-	protoVersion = uint32(1)
+	protoVersion = uint32(2)
 	hdrLen       = 32
-	infoLen      = 36
+	infoLen      = 52
 	nonceLen     = peerauth.NonceLen
 	macLen       = peerauth.MACLen
 	maxNode      = peerauth.MaxNode
@@ -166,7 +167,8 @@ func appendInfo(b []byte, fi dtl.FileInfo) []byte {
 	b = binary.BigEndian.AppendUint32(b, fi.Uid)
 	b = binary.BigEndian.AppendUint32(b, fi.Gid)
 	b = binary.BigEndian.AppendUint64(b, uint64(fi.MtimeNs))
-	return binary.BigEndian.AppendUint64(b, fi.Generation)
+	b = binary.BigEndian.AppendUint64(b, fi.Generation)
+	return append(b, fi.Checksum[:]...)
 }
 
 func parseInfo(b []byte) (dtl.FileInfo, error) {
@@ -181,6 +183,7 @@ func parseInfo(b []byte) (dtl.FileInfo, error) {
 		MtimeNs:    int64(binary.BigEndian.Uint64(b[20:])),
 		Generation: binary.BigEndian.Uint64(b[28:]),
 	}
+	copy(fi.Checksum[:], b[36:])
 	if fi.Size < 0 {
 		return dtl.FileInfo{}, protoErr("negative file size %d", fi.Size)
 	}

@@ -4,7 +4,6 @@ package ucx
 
 import (
 	"context"
-	"os"
 
 	"github.com/dyadfs/dyadfs/dtl"
 )
@@ -26,7 +25,7 @@ func New(cfg dtl.Config) (*Transport, error) { return nil, ErrNotBuilt }
 
 func (*Transport) Serve(dtl.Source) error { return ErrNotBuilt }
 func (*Transport) Addr() string           { return "" }
-func (*Transport) Fetch(context.Context, string, dtl.Request, *os.File) (dtl.FileInfo, error) {
+func (*Transport) Fetch(context.Context, string, dtl.Request, *dtl.Sink) (dtl.FileInfo, error) {
 	return dtl.FileInfo{}, ErrNotBuilt
 }
 func (*Transport) Message(context.Context, string, string, []byte) ([]byte, error) {

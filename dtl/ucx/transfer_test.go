@@ -74,7 +74,7 @@ func TestManySmallConcurrent(t *testing.T) {
 						return
 					}
 					defer f.Close()
-					if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: p}, f); err != nil {
+					if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: p}, dtl.NewSink(f)); err != nil {
 						t.Errorf("fetch %s: %v", p, err)
 						return
 					}
@@ -199,7 +199,7 @@ func TestLargeConcurrent(t *testing.T) {
 			for i := range files {
 				dsts[i] = dtltest.Dst(t)
 				wg.Go(func() {
-					if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: fmt.Sprint(i)}, dsts[i]); err != nil {
+					if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: fmt.Sprint(i)}, dtl.NewSink(dsts[i])); err != nil {
 						t.Errorf("fetch %d: %v", i, err)
 					}
 				})
@@ -260,7 +260,7 @@ func TestSmallPools(t *testing.T) {
 	for range 24 {
 		dst := dtltest.Dst(t)
 		wg.Go(func() {
-			if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dst); err != nil {
+			if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dst)); err != nil {
 				t.Error(err)
 				return
 			}
@@ -295,7 +295,7 @@ func TestTwoWays(t *testing.T) {
 		}
 		dst := dtltest.Dst(t)
 		wg.Go(func() {
-			if _, err := from.Fetch(ctx, to.Addr(), dtl.Request{Path: "f", Owner: to.cfg.Node}, dst); err != nil {
+			if _, err := from.Fetch(ctx, to.Addr(), dtl.Request{Path: "f", Owner: to.cfg.Node}, dtl.NewSink(dst)); err != nil {
 				t.Error(err)
 			} else if fileSum(t, dst.Name()) != want {
 				t.Error("content differs")
@@ -331,7 +331,7 @@ func TestServerClosedThenNewServer(t *testing.T) {
 				}
 				dst := dtltest.Dst(t)
 				go func() {
-					_, err := client.Fetch(ctx, addr, dtl.Request{Path: p}, dst)
+					_, err := client.Fetch(ctx, addr, dtl.Request{Path: p}, dtl.NewSink(dst))
 					done <- err
 				}()
 			}
@@ -362,14 +362,14 @@ func TestServerClosedThenNewServer(t *testing.T) {
 			// A new owner elsewhere, and one at the old address.
 			other, osrc, _ := served(t, s, opts{tls: tls})
 			osrc.WriteFile("f", big)
-			if _, err := client.Fetch(ctx, other.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t)); err != nil {
+			if _, err := client.Fetch(ctx, other.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); err != nil {
 				t.Fatalf("fetch from a new owner: %v", err)
 			}
 			_, port, _ := net.SplitHostPort(addr)
 			again, asrc, _ := served(t, s, opts{tls: tls, listen: "127.0.0.1:" + port})
 			asrc.WriteFile("f", big)
 			dst := dtltest.Dst(t)
-			if _, err := client.Fetch(ctx, again.Addr(), dtl.Request{Path: "f"}, dst); err != nil {
+			if _, err := client.Fetch(ctx, again.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dst)); err != nil {
 				t.Fatalf("fetch from an owner at the old address: %v", err)
 			}
 			if fileSum(t, dst.Name()) != sha256.Sum256(big) {
@@ -401,7 +401,7 @@ func TestClientCloseCancels(t *testing.T) {
 				}
 				dst := dtltest.Dst(t)
 				go func() {
-					_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: p}, dst)
+					_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: p}, dtl.NewSink(dst))
 					done <- err
 				}()
 			}
@@ -428,7 +428,7 @@ func TestClientCloseCancels(t *testing.T) {
 				t.Errorf("after Close: %+v", st)
 			}
 			poolsFull(t, server)
-			if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "sparse"}, dtltest.Dst(t)); !errors.Is(err, net.ErrClosed) {
+			if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "sparse"}, dtl.NewSink(dtltest.Dst(t))); !errors.Is(err, net.ErrClosed) {
 				t.Errorf("Fetch after Close: %v", err)
 			}
 		})
@@ -453,7 +453,7 @@ func TestCloseEndsEverything(t *testing.T) {
 		writers := src.Stream("slow", 1<<30)
 		ctx := ctxFor(t)
 		for range 5 {
-			if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t)); err != nil {
+			if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -461,7 +461,7 @@ func TestCloseEndsEverything(t *testing.T) {
 		for range 4 {
 			f := dtltest.Dst(t)
 			go func() {
-				_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "slow"}, f)
+				_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "slow"}, dtl.NewSink(f))
 				done <- err
 			}()
 		}
@@ -501,7 +501,7 @@ func TestWrongSecretRefused(t *testing.T) {
 	src.WriteFile("f", []byte("f"))
 	stranger, slog := testTransport(t, newSecret(), opts{node: "stranger"})
 	for range 3 {
-		_, err := stranger.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t))
+		_, err := stranger.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
 		var re *dtl.RemoteError
 		if !errors.As(err, &re) || !errors.Is(err, dtl.ErrUnauthorized) {
 			t.Errorf("got %v, want a *dtl.RemoteError for %v", err, dtl.ErrUnauthorized)
@@ -528,7 +528,7 @@ func TestIdleEndpointsClosed(t *testing.T) {
 	src.WriteFile("f", []byte("data"))
 	fetch := func() {
 		t.Helper()
-		if _, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t)); err != nil {
+		if _, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -556,7 +556,7 @@ func TestCancelReleases(t *testing.T) {
 		for range 4 {
 			dst := dtltest.Dst(t)
 			go func() {
-				_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "big"}, dst)
+				_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "big"}, dtl.NewSink(dst))
 				done <- err
 			}()
 		}
@@ -663,7 +663,7 @@ func TestSparseSendsOnlyData(t *testing.T) {
 	f.WriteAt(bytes.Repeat([]byte("d"), 8192), 1<<29)
 	f.Close()
 	got := dtltest.Dst(t)
-	info, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "sparse"}, got)
+	info, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "sparse"}, dtl.NewSink(got))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -692,7 +692,7 @@ func TestDialFailures(t *testing.T) {
 	dead := ln.Addr().String()
 	ln.Close()
 	start := time.Now()
-	if _, err := client.Fetch(ctxFor(t), dead, dtl.Request{Path: "f"}, dtltest.Dst(t)); !errors.Is(err, dtl.ErrUnavailable) {
+	if _, err := client.Fetch(ctxFor(t), dead, dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); !errors.Is(err, dtl.ErrUnavailable) {
 		t.Errorf("nothing listening: got %v, want %v", err, dtl.ErrUnavailable)
 	}
 	if took := time.Since(start); took > time.Second {
@@ -704,14 +704,14 @@ func TestDialFailures(t *testing.T) {
 	}
 	defer mute.Close()
 	start = time.Now()
-	_, err = client.Fetch(ctxFor(t), mute.Addr().String(), dtl.Request{Path: "f"}, dtltest.Dst(t))
+	_, err = client.Fetch(ctxFor(t), mute.Addr().String(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
 	if !errors.Is(err, dtl.ErrUnavailable) {
 		t.Errorf("mute listener: got %v, want %v", err, dtl.ErrUnavailable)
 	}
 	if took := time.Since(start); took > 2*time.Second {
 		t.Errorf("mute listener: took %v with a 300ms dial timeout", took)
 	}
-	if _, err := client.Fetch(ctxFor(t), "no-such-host.invalid:7000", dtl.Request{Path: "f"}, dtltest.Dst(t)); !errors.Is(err, dtl.ErrUnavailable) {
+	if _, err := client.Fetch(ctxFor(t), "no-such-host.invalid:7000", dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); !errors.Is(err, dtl.ErrUnavailable) {
 		t.Errorf("unknown host: got %v, want %v", err, dtl.ErrUnavailable)
 	}
 	poolsFull(t, client)
@@ -732,7 +732,7 @@ func TestJunkOnThePort(t *testing.T) {
 		c.Close()
 	}
 	client, _ := testTransport(t, s, opts{})
-	if _, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t)); err != nil {
+	if _, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); err != nil {
 		t.Fatal(err)
 	}
 	if src.Calls() != 1 {
@@ -751,7 +751,7 @@ func TestShrunkFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	client, _ := testTransport(t, s, opts{})
-	_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtltest.Dst(t))
+	_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
 	if err == nil {
 		t.Fatal("a file shorter than described was received")
 	}

@@ -140,7 +140,7 @@ func TestSmoke(t *testing.T) {
 			for _, p := range []string{"small", "big", "small"} {
 				dst := dtltest.Dst(t)
 				start := time.Now()
-				info, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: p}, dst)
+				info, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: p}, dtl.NewSink(dst))
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -110,6 +110,7 @@ type DMD struct {
 	markers bool         // crash markers (xattrs) are supported by the backing store
 	fetcher *dtl.Fetcher // nil without a transport
 	stats   counters
+	sums    sumCache
 
 	// shutdown is closed, and life canceled, when the filesystem goes
 	// away; they end all waits.
@@ -263,6 +264,7 @@ func New(cfg Config, p Parts) (*DMD, error) {
 			Dest:          d,
 			TempDir:       d.TempDir(),
 			Timeout:       p.FetchTimeout,
+			Node:          cfg.Node,
 			Log:           log,
 		})
 		if err != nil {

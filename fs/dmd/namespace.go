@@ -203,7 +203,7 @@ func (d *DMD) Changed(ctx context.Context, rel string) {
 		// another node's file (its owner publishes it).
 		return
 	}
-	d.publishNow(ctx, recordOf(rel, d.cfg.Node, st))
+	d.publishNow(ctx, d.fileRecord(rel, -1, st, nil, false))
 }
 
 // Made is called when a directory, a symbolic link or another non-regular

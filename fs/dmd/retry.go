@@ -143,7 +143,7 @@ func (d *DMD) reconcile(ctx context.Context, rel string, op retryOp) error {
 	if _, isCopy := d.copyOf(rel); !complete || isCopy {
 		return nil
 	}
-	out, err := d.loc.Publish(ctx, recordOf(rel, d.cfg.Node, st))
+	out, err := d.loc.Publish(ctx, d.fileRecord(rel, -1, st, nil, false))
 	if err != nil {
 		return err
 	}

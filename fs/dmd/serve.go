@@ -88,7 +88,7 @@ func (d *DMD) servable(ctx context.Context, rel string, f *os.File, gen uint64) 
 		// Its publish is being committed: a consumer told ahead of it
 		// asks for it (generation 0, none assigned yet).
 		d.stats.serves.Add(1)
-		return dtl.FileInfo{Size: st.Size, Mode: st.Mode, Uid: st.Uid, Gid: st.Gid, MtimeNs: st.Mtim.Nano()}, nil
+		return dtl.FileInfo{Size: st.Size, Mode: st.Mode, Uid: st.Uid, Gid: st.Gid, MtimeNs: st.Mtim.Nano(), Checksum: ahead.Sum}, nil
 	}
 	rec, _, err := d.loc.Record(ctx, rel)
 	if gen > 0 && (errors.Is(err, hfl.ErrNotFound) || (err == nil && rec.Generation < gen)) {
@@ -116,7 +116,7 @@ func (d *DMD) servable(ctx context.Context, rel string, f *os.File, gen uint64) 
 		return dtl.FileInfo{}, fmt.Errorf("%s differs from its published record: %w", rel, dtl.ErrBusy)
 	}
 	d.stats.serves.Add(1)
-	return dtl.FileInfo{Size: st.Size, Mode: st.Mode, Uid: st.Uid, Gid: st.Gid, MtimeNs: st.Mtim.Nano(), Generation: rec.Generation}, nil
+	return dtl.FileInfo{Size: st.Size, Mode: st.Mode, Uid: st.Uid, Gid: st.Gid, MtimeNs: st.Mtim.Nano(), Generation: rec.Generation, Checksum: rec.Sum}, nil
 }
 
 // authoritativeWait bounds asking the store for a generation a consumer saw.

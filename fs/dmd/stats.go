@@ -28,6 +28,9 @@ type counters struct {
 	replaced       atomic.Uint64
 	claims         atomic.Uint64
 	claimErrors    atomic.Uint64
+	checksums      atomic.Uint64
+	checksumBytes  atomic.Uint64
+	checksumNanos  atomic.Uint64
 }
 
 func (c *counters) waited(d time.Duration) {
@@ -68,6 +71,11 @@ type Stats struct {
 	Replaced    uint64 `json:"replaced_by_other_nodes"`
 	Claims      uint64 `json:"rewrites_claimed"`
 	ClaimErrors uint64 `json:"rewrite_claim_errors"`
+	// Checksums counts the files hashed to publish them, ChecksumBytes
+	// their bytes and ChecksumSeconds the time it took.
+	Checksums       uint64  `json:"checksums"`
+	ChecksumBytes   uint64  `json:"checksum_bytes"`
+	ChecksumSeconds float64 `json:"checksum_seconds_total"`
 	// Copies and Superseded count what the backing directory holds of
 	// other nodes' files, and this node's files set aside.
 	Copies     int `json:"copies"`
@@ -107,6 +115,9 @@ func (d *DMD) Stats() Stats {
 		Replaced:         c.replaced.Load(),
 		Claims:           c.claims.Load(),
 		ClaimErrors:      c.claimErrors.Load(),
+		Checksums:        c.checksums.Load(),
+		ChecksumBytes:    c.checksumBytes.Load(),
+		ChecksumSeconds:  time.Duration(c.checksumNanos.Load()).Seconds(),
 		Copies:           copies,
 		Superseded:       superseded,
 		BusyFiles:        busy,

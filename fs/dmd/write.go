@@ -244,7 +244,7 @@ func (w *Writer) again(ctx context.Context, fd int, rel string, verdict bool) er
 		return nil
 	}
 	d.loc.Changed(rel)
-	return d.publishFor(ctx, recordOf(rel, d.cfg.Node, &st), verdict)
+	return d.publishFor(ctx, d.fileRecord(rel, fd, &st, nil, true), verdict)
 }
 
 // finish drops the handle and, when it was the last, finishes the file:
@@ -342,14 +342,16 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, verdict bool) (
 		return &st, nil // unlinked while open: nothing to publish
 	}
 	var first error
+	written := changed
 	for _, name := range names {
 		if !d.names(name, w.id) {
 			continue
 		}
 		d.loc.Changed(name)
 		if changed {
-			rec := recordOf(name, d.cfg.Node, &st)
-			rec.Inline = inline
+			// Hashed once (the first name), for every name.
+			rec := d.fileRecord(name, fd, &st, inline, written)
+			written = false
 			// Without a verdict, a failed publish is only retried
 			// (publish logs it): the release has no one to tell.
 			if err := d.publishFor(ctx, rec, verdict); err != nil && verdict && first == nil {

@@ -3,6 +3,8 @@ package store
 import (
 	"errors"
 	"path"
+
+	"github.com/dyadfs/dyadfs/internal/digest"
 )
 
 // Record is what a producer publishes about a complete file.
@@ -26,6 +28,10 @@ type Record struct {
 	// its size), the bytes its data takes, at least 1; 0 otherwise. A
 	// consumer checks that much free space before fetching it.
 	Alloc int64 `json:"alloc,omitempty"`
+	// Sum is a regular file's checksum (see internal/digest), computed by
+	// Owner when it published: a consumer checks its copy against it.
+	// Zero when none was computed.
+	Sum digest.Sum `json:"sum,omitzero"`
 	// Writing says that Owner is changing a file that was published
 	// before: its attributes are those of the last complete version, and
 	// readers wait for the next publish.
