@@ -11,6 +11,7 @@
 #                                    # two namespaces; one host: shared memory against TCP loopback
 #   scripts/bench.sh flux            # Flux (when flux-core is installed): raw Flux RPC rates,
 #                                    # dyadfs with the Flux store over each transport, DYAD itself
+#   scripts/bench.sh checksum        # what hashing the content costs (producer and consumer)
 #   scripts/bench.sh compare OLD NEW [ROUNDS]
 #                                    # two dyadfs binaries, alternating (ROUNDS each, 3 by
 #                                    # default): the rows every release has, on two nodes
@@ -92,6 +93,14 @@ if [[ $what == all || $what == flux ]]; then
 		TMPDIR=$tmp go test -tags "$DYADFS_TAGS" -run '^$' -bench '^BenchmarkFlux$' -benchtime 1x -timeout 30m ./test/ |
 			sed -n '/^ *figure/,$p' | grep -v -E '^(PASS|ok|goos|goarch|pkg|cpu)'
 	fi
+fi
+
+if [[ $what == all || $what == checksum ]]; then
+	echo
+	echo "== what the content checksum costs: XXH3 over 1 MiB blocks (internal/digest)"
+	echo "   File: the producer hashing a file in the page cache at publish, on every core;"
+	echo "   Tracker: the consumer hashing what arrives, as it is written; Bytes4K: a small file"
+	go test -run '^$' -bench . -benchtime 2s ./internal/digest/ | grep -E '^Benchmark'
 fi
 
 if [[ $what == all || $what == single ]]; then

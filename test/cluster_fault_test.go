@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dyadfs/dyadfs/dtl/dtltest"
 	"github.com/dyadfs/dyadfs/fs"
 )
 
@@ -320,7 +321,7 @@ func TestClusterCorruptCopy(t *testing.T) {
 	c := newCluster(t, 2, "--metrics", ":9465")
 	a, b := c.nodes[0], c.nodes[1]
 	a.mustSh("head -c 3000000 /dev/urandom > data && echo small > small")
-	flipBackingByte(t, filepath.Join(a.backing, "data"), 1500000)
+	dtltest.FlipByte(t, filepath.Join(a.backing, "data"), 1500000)
 
 	r, took := timedSh(b, "cat data > /dev/null")
 	if r.err == nil || !strings.Contains(r.stderr, "Input/output error") || took > 10*time.Second {
@@ -358,31 +359,5 @@ func TestClusterCorruptCopy(t *testing.T) {
 	st = b.status()
 	if n := transportCounter(st, "verified_copies"); n < 2 || transportCounter(st, "unverified_copies") != 0 {
 		t.Fatalf("status counts %d verified, %d unverified copies; want 2 and 0: %v", n, transportCounter(st, "unverified_copies"), st.Extra["transport"])
-	}
-}
-
-// flipBackingByte inverts one byte of a file in a node's backing directory
-// and sets its mtime back.
-func flipBackingByte(t *testing.T, name string, off int64) {
-	t.Helper()
-	fi, err := os.Stat(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(name, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := make([]byte, 1)
-	if _, err := f.ReadAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	b[0] ^= 0xff
-	if _, err := f.WriteAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	if err := os.Chtimes(name, fi.ModTime(), fi.ModTime()); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -187,7 +187,7 @@ func corruptContent(t *testing.T, newPair NewPair) {
 		if err := e.src.Publish(p); err != nil {
 			t.Fatal(err)
 		}
-		flipByte(t, filepath.Join(e.src.Root(), p), int64(size/2))
+		FlipByte(t, filepath.Join(e.src.Root(), p), int64(size/2))
 		dest, tmp := t.TempDir(), t.TempDir()
 		f, err := dtl.NewFetcher(dtl.FetcherConfig{Transport: e.client, Owners: &fixedOwners{addr: e.addr},
 			Dest: dirDest(dest), TempDir: tmp, Timeout: time.Minute})
@@ -217,9 +217,9 @@ func corruptContent(t *testing.T, newPair NewPair) {
 	}
 }
 
-// flipByte inverts the bits of the byte at off in the file at name and
+// FlipByte inverts the bits of the byte at off in the file at name and
 // gives the file back its mtime, as a failing disk would leave it.
-func flipByte(t *testing.T, name string, off int64) {
+func FlipByte(t testing.TB, name string, off int64) {
 	t.Helper()
 	st, err := os.Stat(name)
 	if err != nil {

@@ -28,6 +28,10 @@ func benchFetch(b *testing.B, size int, parallel bool) {
 	if err := src.WriteFile("f", data); err != nil {
 		b.Fatal(err)
 	}
+	// Hashed once, as a producer does at publish.
+	if err := src.Publish("f"); err != nil {
+		b.Fatal(err)
+	}
 	dir := b.TempDir()
 	ctx := context.Background()
 	var n atomic.Int64
@@ -36,8 +40,14 @@ func benchFetch(b *testing.B, size int, parallel bool) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(f)); err != nil {
+		sink := dtl.NewSink(f)
+		info, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, sink)
+		if err != nil {
 			b.Fatal(err)
+		}
+		// The check the Fetcher makes.
+		if sum, err := sink.Sum(info.Size); err != nil || sum != info.Checksum {
+			b.Fatalf("checksum %v (%v), want %v", sum, err, info.Checksum)
 		}
 		f.Close()
 		os.Remove(f.Name())

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"sync"
 	"syscall"
 	"time"
 
@@ -261,9 +260,9 @@ func (t *Transport) receive(cc *clientConn, req dtl.Request, dst *dtl.Sink) (inf
 }
 
 // copyData writes the n bytes of a chunk's data to dst at off: what is
-// already buffered first, the rest read from the socket in pieces,
-// renewing the read deadline for each. The bytes pass through this
-// process (not spliced into the file) so that dst hashes them on the way.
+// already buffered first, the rest straight from the socket (splice) in
+// pieces, renewing the read deadline for each; dst hashes each piece as
+// it lands.
 func (cc *clientConn) copyData(dst *dtl.Sink, off, n int64, stall time.Duration) error {
 	for n > 0 {
 		cc.conn.SetReadDeadline(time.Now().Add(stall))
@@ -278,17 +277,8 @@ func (cc *clientConn) copyData(dst *dtl.Sink, off, n int64, stall time.Duration)
 			continue
 		}
 		if n >= smallChunk {
-			data := pieces.Get().(*[]byte)
-			p := (*data)[:min(n, piece)]
-			r, err := io.ReadFull(cc.conn, p)
-			if r > 0 {
-				if _, werr := dst.WriteAt(p[:r], off); werr != nil {
-					pieces.Put(data)
-					return werr
-				}
-			}
-			pieces.Put(data)
-			off, n = off+int64(r), n-int64(r)
+			w, err := dst.CopyFrom(cc.conn, off, min(n, piece))
+			off, n = off+w, n-w
 			if err != nil {
 				if err == io.EOF {
 					err = io.ErrUnexpectedEOF
@@ -306,10 +296,6 @@ func (cc *clientConn) copyData(dst *dtl.Sink, off, n int64, stall time.Duration)
 	}
 	return nil
 }
-
-// pieces are the buffers chunk data is read into, shared by all
-// connections: only transfers in progress hold one.
-var pieces = sync.Pool{New: func() any { b := make([]byte, piece); return &b }}
 
 // refusal turns an error frame answering a request into the error Fetch
 // returns, and tells whether the connection stays usable.

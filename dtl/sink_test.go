@@ -1,0 +1,111 @@
+package dtl_test
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/internal/digest"
+)
+
+// Writers on several goroutines, chunks in any order (as the Flux
+// transport's window writes them): the Sink's checksum is the content's,
+// and whole blocks are never read back.
+func TestSinkConcurrentWriters(t *testing.T) {
+	const size = 9*digest.BlockSize + 1234
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(rand.Uint32())
+	}
+	f, err := os.Create(filepath.Join(t.TempDir(), "copy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sink := dtl.NewSink(f)
+	offs := make(chan int)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for off := range offs {
+				end := min(off+digest.BlockSize, size)
+				if _, err := sink.WriteAt(data[off:end], int64(off)); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	for _, i := range rand.Perm(10) {
+		offs <- i * digest.BlockSize
+	}
+	close(offs)
+	wg.Wait()
+	if err := sink.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	got, err := sink.Sum(size)
+	if err != nil || got != digest.Bytes(data) || sink.Reread() != 0 {
+		t.Fatalf("sum %v (%v), want %v; read back %d bytes, want 0", got, err, digest.Bytes(data), sink.Reread())
+	}
+}
+
+// CopyFrom: data extents spliced from a socket at their offsets, holes
+// between them: the checksum is the content's, nothing is read back.
+func TestSinkCopyFrom(t *testing.T) {
+	const size = 5*digest.BlockSize + 77
+	data := make([]byte, size)
+	extents := [][2]int{{0, 3000}, {digest.BlockSize + 4096, 3*digest.BlockSize + 5}, {4 * digest.BlockSize, size}}
+	for _, e := range extents {
+		for i := e[0]; i < e[1]; i++ {
+			data[i] = byte(rand.Uint32())
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		for _, e := range extents {
+			c.Write(data[e[0]:e[1]])
+		}
+	}()
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	f, err := os.Create(filepath.Join(t.TempDir(), "copy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sink := dtl.NewSink(f)
+	sink.InOrder()
+	for _, e := range extents {
+		if n, err := sink.CopyFrom(conn, int64(e[0]), int64(e[1]-e[0])); err != nil || n != int64(e[1]-e[0]) {
+			t.Fatalf("CopyFrom %v: %d, %v", e, n, err)
+		}
+	}
+	if err := sink.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	got, err := sink.Sum(size)
+	if err != nil || got != digest.Bytes(data) || sink.Reread() != 0 {
+		t.Fatalf("sum %v (%v), want %v; read back %d bytes, want 0", got, err, digest.Bytes(data), sink.Reread())
+	}
+	back, _ := os.ReadFile(f.Name())
+	if !bytes.Equal(back, data) {
+		t.Fatal("the file is not what was sent")
+	}
+}
