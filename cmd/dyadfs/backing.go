@@ -40,7 +40,8 @@ func makeDefaultBacking(dir string) error {
 }
 
 // networkFS names the filesystem under dir if it is one that other
-// machines share (by statfs magic), or "".
+// machines share, by statfs magic or, for those statfs cannot tell apart
+// (FUSE ones, sshfs say), by the type its mount has, or "".
 func networkFS(dir string) string {
 	var st unix.Statfs_t
 	if unix.Statfs(dir, &st) != nil {
@@ -61,6 +62,44 @@ func networkFS(dir string) string {
 		return "BeeGFS"
 	case unix.AFS_SUPER_MAGIC, 0x6b414653:
 		return "AFS"
+	}
+	return networkMountTypes[mountType(dir)]
+}
+
+// networkMountTypes are the mount types (as /proc/self/mountinfo shows
+// them) of filesystems other machines share.
+var networkMountTypes = map[string]string{
+	"nfs": "NFS", "nfs4": "NFS", "lustre": "Lustre", "gpfs": "GPFS",
+	"cifs": "SMB/CIFS", "smb3": "SMB/CIFS", "ceph": "CephFS", "beegfs": "BeeGFS",
+	"afs": "AFS", "9p": "9P",
+	"fuse.sshfs": "sshfs", "fuse.glusterfs": "GlusterFS", "fuse.ceph-fuse": "CephFS",
+	"fuse.s3fs": "s3fs", "fuse.rclone": "rclone", "fuse.gcsfuse": "gcsfuse",
+	"fuse.juicefs": "JuiceFS", "fuse.lustre": "Lustre",
+}
+
+// mountType is the type of the mount dir is on ("ext4", "fuse.sshfs"),
+// found by its device number in /proc/self/mountinfo, or "".
+func mountType(dir string) string {
+	var st unix.Stat_t
+	if unix.Stat(dir, &st) != nil {
+		return ""
+	}
+	info, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return ""
+	}
+	dev := fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
+	for _, line := range strings.Split(string(info), "\n") {
+		// id parent major:minor root mountpoint options [optional...] - type source super-options
+		f := strings.Fields(line)
+		if len(f) < 3 || f[2] != dev {
+			continue
+		}
+		for i, w := range f {
+			if w == "-" && i+1 < len(f) {
+				return f[i+1]
+			}
+		}
 	}
 	return ""
 }
