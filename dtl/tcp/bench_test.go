@@ -20,7 +20,7 @@ import (
 // the Fetcher does. The baseline, in the same run, is benchCopy: the same
 // file copied into a new file on this machine.
 func benchFetch(b *testing.B, size int, parallel bool) {
-	s := newSecret()
+	s := dtltest.NewSecret()
 	server, src, _ := served(b, s, opts{})
 	client, _ := newTransport(b, s, opts{})
 	data := make([]byte, size)
@@ -98,7 +98,7 @@ func BenchmarkLocalCopy256MiB(b *testing.B)   { benchCopy(b, 256<<20) }
 // as many, on a pooled connection. The baseline, in the same run, is
 // benchPingPong: the same exchange over one bare loopback TCP connection.
 func benchMessage(b *testing.B, size int, parallel bool) {
-	s := newSecret()
+	s := dtltest.NewSecret()
 	server, _ := newTransport(b, s, opts{})
 	reply := make([]byte, size)
 	answer := handlerFunc(func(ctx context.Context, from string, msg []byte) ([]byte, error) {

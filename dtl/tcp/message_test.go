@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -18,14 +17,33 @@ import (
 	"github.com/dyadfs/dyadfs/dtl/peerauth"
 )
 
-// Tests of dtl.Messenger: messages between two real transports, and a
-// real client against fake servers.
+// Tests of dtl.Messenger: the suite every messenger passes, messages
+// between two real transports, and a real client against fake servers.
+
+func TestMessenger(t *testing.T) {
+	dtltest.RunMessenger(t, dtltest.MessengerBackend{
+		New: func(t *testing.T, node string, secret []byte) dtl.Transport {
+			tr, _ := newTransport(t, secret, opts{node: node})
+			return tr
+		},
+		Counters: func(tr dtl.Transport) dtltest.MessageCounters {
+			s := tr.(*Transport).Stats()
+			return dtltest.MessageCounters{Dials: s.Dials, Reused: s.Reused, Messages: s.Messages, Answered: s.Answered, Refused: s.Refused}
+		},
+	})
+}
+
+// echoed is what dtltest.Echo answers from to msg.
+func echoed(from string, msg []byte) []byte {
+	r, _ := dtltest.Echo(context.Background(), from, msg)
+	return r
+}
 
 // messaging is a server of node "owner" whose handler is h, serving a
 // fresh Source, and a client of node "asker" holding the same secret.
 func messaging(t *testing.T, o opts, h func(ctx context.Context, from string, msg []byte) ([]byte, error)) (server, client *Transport, src *dtltest.Source) {
 	t.Helper()
-	s := newSecret()
+	s := dtltest.NewSecret()
 	so := o
 	so.node = "owner"
 	server, _ = newTransport(t, s, so)
@@ -42,199 +60,11 @@ func messaging(t *testing.T, o opts, h func(ctx context.Context, from string, ms
 	return server, client, src
 }
 
-// echo answers "from:" and the message, reversed.
-func echo(ctx context.Context, from string, msg []byte) ([]byte, error) {
-	reply := make([]byte, 0, len(from)+1+len(msg))
-	reply = append(append(reply, from...), ':')
-	for i := len(msg) - 1; i >= 0; i-- {
-		reply = append(reply, msg[i])
-	}
-	return reply, nil
-}
-
-func wantEcho(from string, msg []byte) []byte {
-	r, _ := echo(context.Background(), from, msg)
-	return r
-}
-
-func patterned(n int) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(i*7 + i>>8)
-	}
-	return b
-}
-
-// TestMessageRoundTrip: messages of every size up to dtl.MaxMessage reach
-// the handler, with the node id the client announced, and their replies
-// come back; all go on one connection.
-func TestMessageRoundTrip(t *testing.T) {
-	server, client, _ := messaging(t, opts{}, echo)
-	ctx := ctxFor(t)
-	// The reply is 6 bytes longer than the message.
-	sizes := []int{0, 1, 100, 4096, dtl.MaxMessage - len("asker:")}
-	for _, n := range sizes {
-		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			msg := patterned(n)
-			for _, node := range []string{"", "owner"} {
-				reply, err := client.Message(ctx, server.Addr(), node, msg)
-				if err != nil {
-					t.Fatalf("node %q: %v", node, err)
-				}
-				if want := wantEcho("asker", msg); !bytes.Equal(reply, want) {
-					t.Fatalf("node %q: reply of %d bytes, want %d", node, len(reply), len(want))
-				}
-			}
-		})
-	}
-	// The largest message and the largest reply.
-	largest := handlerFunc(func(ctx context.Context, from string, msg []byte) ([]byte, error) {
-		if len(msg) != dtl.MaxMessage || from != "asker" {
-			return nil, fmt.Errorf("got %d bytes from %q", len(msg), from)
-		}
-		return bytes.Clone(msg), nil
-	})
-	server.handler.Store(&largest)
-	msg := patterned(dtl.MaxMessage)
-	reply, err := client.Message(ctx, server.Addr(), "owner", msg)
-	if err != nil || !bytes.Equal(reply, msg) {
-		t.Fatalf("MaxMessage: reply of %d bytes, %v", len(reply), err)
-	}
-	client.Close()
-	server.Close()
-	cs, ss := client.Stats(), server.Stats()
-	n := int64(2*len(sizes) + 1)
-	if cs.Dials != 1 || cs.Reused != n-1 || cs.Messages != n || ss.Answered != n || ss.Refused != 0 {
-		t.Errorf("client %+v server %+v: want 1 dial, %d reuses, %d messages answered", cs, ss, n-1, n)
-	}
-}
-
-// TestMessageTooLong: a message longer than dtl.MaxMessage is not sent.
-func TestMessageTooLong(t *testing.T) {
-	server, client, _ := messaging(t, opts{}, echo)
-	_, err := client.Message(ctxFor(t), server.Addr(), "", make([]byte, dtl.MaxMessage+1))
-	if err == nil || !strings.Contains(err.Error(), "limit") {
-		t.Errorf("got %v, want the message refused for its size", err)
-	}
-	if st := client.Stats(); st.Dials != 0 {
-		t.Errorf("%+v: a message too long to send was sent", st)
-	}
-}
-
-// TestMessageRefusals: a handler's error, a reply too long and a server
-// without a handler reach the caller as a *dtl.RemoteError, and the
-// connection carries the next message.
-func TestMessageRefusals(t *testing.T) {
-	handler := func(ctx context.Context, from string, msg []byte) ([]byte, error) {
-		switch string(msg) {
-		case "fail":
-			return []byte("ignored"), errors.New("the locator cannot take this")
-		case "missing":
-			return nil, fmt.Errorf("no record of x: %w", dtl.ErrNotFound)
-		case "long":
-			return make([]byte, dtl.MaxMessage+1), nil
-		case "huge":
-			return make([]byte, maxFrame+1), nil
-		}
-		return echo(ctx, from, msg)
-	}
-	cases := []struct {
-		name    string
-		handler func(ctx context.Context, from string, msg []byte) ([]byte, error)
-		msg     string
-		want    error
-		says    string // what the error must mention
-	}{
-		{"HandlerError", handler, "fail", dtl.ErrRefused, "the locator cannot take this"},
-		{"HandlerDtlError", handler, "missing", dtl.ErrNotFound, "no record of x"},
-		{"ReplyTooLong", handler, "long", dtl.ErrRefused, "exceeds"},
-		{"ReplyLongerThanAFrame", handler, "huge", dtl.ErrRefused, "exceeds"},
-		{"NoHandler", nil, "hello", dtl.ErrRefused, `node "owner" handles no messages`},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			server, client, _ := messaging(t, opts{}, c.handler)
-			ctx := ctxFor(t)
-			_, err := client.Message(ctx, server.Addr(), "owner", []byte(c.msg))
-			var re *dtl.RemoteError
-			if !errors.As(err, &re) || !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.says) {
-				t.Fatalf("got %v, want a *dtl.RemoteError for %v saying %q", err, c.want, c.says)
-			}
-			if c.handler != nil {
-				reply, err := client.Message(ctx, server.Addr(), "owner", []byte("ok"))
-				if err != nil || string(reply) != "asker:ko" {
-					t.Fatalf("next message: %q %v", reply, err)
-				}
-			}
-			if st := client.Stats(); st.Dials != 1 {
-				t.Errorf("%+v: a refusal cost the connection", st)
-			}
-			if st := server.Stats(); st.Refused != 1 {
-				t.Errorf("%+v: want 1 refusal counted", st)
-			}
-		})
-	}
-}
-
-// TestMessageWrongNode: another node answering at the address fails the
-// call with dtl.ErrUnavailable, before the message is sent.
-func TestMessageWrongNode(t *testing.T) {
-	server, client, _ := messaging(t, opts{}, echo)
-	ctx := ctxFor(t)
-	_, err := client.Message(ctx, server.Addr(), "elsewhere", []byte("x"))
-	if !errors.Is(err, dtl.ErrUnavailable) || !strings.Contains(err.Error(), `"owner"`) {
-		t.Fatalf("got %v, want %v naming the node that answers", err, dtl.ErrUnavailable)
-	}
-	if _, err := client.Message(ctx, server.Addr(), "owner", []byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	// The server counts a reply once it is written, which may be after the
-	// client has read it: Close waits for the server, then its counters are final.
-	client.Close()
-	server.Close()
-	if st := server.Stats(); st.Answered != 1 {
-		t.Errorf("%+v: the message for another node was handled", st)
-	}
-}
-
-// TestMessageUnreachable: nothing listening, and peers without the secret.
-func TestMessageUnreachable(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
-	server, _, _ := messaging(t, opts{}, echo)
-	stranger, _ := newTransport(t, newSecret(), opts{})
-	cases := []struct {
-		name   string
-		client *Transport
-		addr   string
-		want   error
-	}{
-		{"NothingListening", stranger, dead, dtl.ErrUnavailable},
-		{"WrongSecret", stranger, server.Addr(), dtl.ErrUnauthorized},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			_, err := c.client.Message(ctxFor(t), c.addr, "", []byte("x"))
-			if !errors.Is(err, c.want) {
-				t.Errorf("got %v, want %v", err, c.want)
-			}
-		})
-	}
-	server.Close() // its counters are final
-	if st := server.Stats(); st.Answered != 0 {
-		t.Errorf("%+v: a message without the secret was handled", st)
-	}
-}
-
 // TestMessagesAndFetches: messages and fetches interleave on the pooled
 // connections, from many goroutines at once.
 func TestMessagesAndFetches(t *testing.T) {
-	server, client, src := messaging(t, opts{}, echo)
-	data := patterned(100_000)
+	server, client, src := messaging(t, opts{}, dtltest.Echo)
+	data := dtltest.Patterned(100_000)
 	if err := src.WriteFile("f", data); err != nil {
 		t.Fatal(err)
 	}
@@ -245,9 +75,9 @@ func TestMessagesAndFetches(t *testing.T) {
 		wg.Go(func() {
 			for i := range rounds {
 				if (i+w)%2 == 0 {
-					msg := patterned(i * 300)
+					msg := dtltest.Patterned(i * 300)
 					reply, err := client.Message(ctx, server.Addr(), "owner", msg)
-					if err != nil || !bytes.Equal(reply, wantEcho("asker", msg)) {
+					if err != nil || !bytes.Equal(reply, echoed("asker", msg)) {
 						t.Errorf("message %d: %d bytes, %v", i, len(reply), err)
 						return
 					}
@@ -283,7 +113,7 @@ func TestMessageCancel(t *testing.T) {
 	release := make(chan struct{})
 	server, client, _ := messaging(t, opts{}, func(ctx context.Context, from string, msg []byte) ([]byte, error) {
 		if string(msg) != "slow" {
-			return echo(ctx, from, msg)
+			return dtltest.Echo(ctx, from, msg)
 		}
 		entered <- struct{}{}
 		select {
@@ -361,7 +191,7 @@ func TestCloseEndsHandlers(t *testing.T) {
 // TestMessageStaleRetry: a pooled connection the server has closed is
 // replaced, once, transparently.
 func TestMessageStaleRetry(t *testing.T) {
-	server, client, _ := messaging(t, opts{}, echo)
+	server, client, _ := messaging(t, opts{}, dtltest.Echo)
 	ctx := ctxFor(t)
 	if _, err := client.Message(ctx, server.Addr(), "", []byte("a")); err != nil {
 		t.Fatal(err)
@@ -384,7 +214,7 @@ func TestMessageStaleRetry(t *testing.T) {
 // stall timeout.
 func TestMessageBadServers(t *testing.T) {
 	const stall = 200 * time.Millisecond
-	secret := newSecret()
+	secret := dtltest.NewSecret()
 	send := func(frames ...[]byte) func(c net.Conn, br *bufio.Reader, typ frameType, p []byte) {
 		return func(c net.Conn, br *bufio.Reader, typ frameType, p []byte) {
 			if typ != tMsg {
@@ -438,7 +268,7 @@ func TestMessageBadServers(t *testing.T) {
 // TestMessageTrailingBytes: bytes after a reply leave the connection out
 // of step: the reply is good, the connection is not pooled.
 func TestMessageTrailingBytes(t *testing.T) {
-	secret := newSecret()
+	secret := dtltest.NewSecret()
 	addr := fakeServerFrames(t, secret, "fake", func(c net.Conn, br *bufio.Reader, typ frameType, p []byte) {
 		c.Write(append(appendReply(nil, []byte("ok")), appendReady(nil)...))
 		hold(c)
@@ -455,7 +285,7 @@ func TestMessageTrailingBytes(t *testing.T) {
 // TestServerNodeBound: a server's proof covers the node id it announces: a
 // server that announces one id with a proof made for another is refused.
 func TestServerNodeBound(t *testing.T) {
-	secret := newSecret()
+	secret := dtltest.NewSecret()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -491,7 +321,7 @@ func TestServerNodeBound(t *testing.T) {
 
 func TestNodeTooLong(t *testing.T) {
 	cfg := dtl.DefaultConfig()
-	cfg.Node, cfg.Listen, cfg.Secret = strings.Repeat("n", maxNode+1), ":0", newSecret()
+	cfg.Node, cfg.Listen, cfg.Secret = strings.Repeat("n", maxNode+1), ":0", dtltest.NewSecret()
 	if _, err := New(cfg); err == nil {
 		t.Errorf("New accepted a node id of %d bytes", len(cfg.Node))
 	}

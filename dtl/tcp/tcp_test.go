@@ -22,30 +22,6 @@ import (
 	"github.com/dyadfs/dyadfs/dtl/dtltest"
 )
 
-// logBuf collects a transport's log lines.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func newSecret() []byte {
-	s := make([]byte, 32)
-	rand.Read(s)
-	return s
-}
-
 type opts struct {
 	node        string // default: "node-" and the test's name
 	stall, dial time.Duration
@@ -55,7 +31,7 @@ type opts struct {
 
 // newTransport returns a transport on 127.0.0.1:0, closed at the end of
 // the test, and its log.
-func newTransport(t testing.TB, secret []byte, o opts) (*Transport, *logBuf) {
+func newTransport(t testing.TB, secret []byte, o opts) (*Transport, *dtltest.LogBuf) {
 	t.Helper()
 	cfg := dtl.DefaultConfig()
 	cfg.Node = "node-" + t.Name()
@@ -74,7 +50,7 @@ func newTransport(t testing.TB, secret []byte, o opts) (*Transport, *logBuf) {
 	if o.dial > 0 {
 		cfg.DialTimeout = o.dial
 	}
-	lb := &logBuf{}
+	lb := &dtltest.LogBuf{}
 	cfg.Log = slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	tr, err := New(cfg)
 	if err != nil {
@@ -86,7 +62,7 @@ func newTransport(t testing.TB, secret []byte, o opts) (*Transport, *logBuf) {
 
 func TestConformance(t *testing.T) {
 	dtltest.Run(t, func(t *testing.T) (dtl.Transport, dtl.Transport) {
-		s := newSecret()
+		s := dtltest.NewSecret()
 		server, _ := newTransport(t, s, opts{})
 		client, _ := newTransport(t, s, opts{})
 		return server, client
@@ -94,7 +70,7 @@ func TestConformance(t *testing.T) {
 }
 
 // served is a server on a fresh dtltest.Source.
-func served(t testing.TB, secret []byte, o opts) (*Transport, *dtltest.Source, *logBuf) {
+func served(t testing.TB, secret []byte, o opts) (*Transport, *dtltest.Source, *dtltest.LogBuf) {
 	t.Helper()
 	server, lb := newTransport(t, secret, o)
 	src := dtltest.NewSource(t.TempDir())
@@ -117,7 +93,7 @@ func TestNewValidates(t *testing.T) {
 	if _, err := New(cfg); err == nil {
 		t.Error("New accepted a 5-byte secret")
 	}
-	cfg.Secret = newSecret()
+	cfg.Secret = dtltest.NewSecret()
 	cfg.StallTimeout = 0
 	if _, err := New(cfg); err == nil {
 		t.Error("New accepted a zero stall timeout")
@@ -125,7 +101,7 @@ func TestNewValidates(t *testing.T) {
 }
 
 func TestAddr(t *testing.T) {
-	s := newSecret()
+	s := dtltest.NewSecret()
 	for _, c := range []struct {
 		listen, advertise, host string
 	}{
@@ -166,7 +142,7 @@ func TestAddr(t *testing.T) {
 
 // TestReuse: fetches to one server share one connection.
 func TestReuse(t *testing.T) {
-	s := newSecret()
+	s := dtltest.NewSecret()
 	server, src, _ := served(t, s, opts{})
 	client, _ := newTransport(t, s, opts{})
 	src.WriteFile("f", []byte("hello"))
@@ -198,7 +174,7 @@ func TestReuse(t *testing.T) {
 // TestPoolBound: after many concurrent fetches, at most maxIdlePerAddr
 // connections stay open.
 func TestPoolBound(t *testing.T) {
-	s := newSecret()
+	s := dtltest.NewSecret()
 	server, src, _ := served(t, s, opts{})
 	client, _ := newTransport(t, s, opts{})
 	src.WriteFile("f", bytes.Repeat([]byte("x"), 100_000))
@@ -224,7 +200,7 @@ func TestPoolBound(t *testing.T) {
 // TestFailedNotPooled: a cancelled transfer's connection is closed, not
 // reused.
 func TestFailedNotPooled(t *testing.T) {
-	s := newSecret()
+	s := dtltest.NewSecret()
 	server, src, _ := served(t, s, opts{})
 	client, _ := newTransport(t, s, opts{})
 	writers := src.Stream("slow", 1<<20)
@@ -252,7 +228,7 @@ func TestFailedNotPooled(t *testing.T) {
 // TestStaleRetry: a pooled connection the server has closed is replaced
 // transparently.
 func TestStaleRetry(t *testing.T) {
-	s := newSecret()
+	s := dtltest.NewSecret()
 	server, src, _ := served(t, s, opts{})
 	client, _ := newTransport(t, s, opts{})
 	src.WriteFile("f", []byte("f"))
@@ -275,7 +251,7 @@ func TestStaleRetry(t *testing.T) {
 
 // TestIdleServerCloses: a server drops connections that stay idle.
 func TestIdleServerCloses(t *testing.T) {
-	s := newSecret()
+	s := dtltest.NewSecret()
 	server, _ := newTransport(t, s, opts{})
 	server.serverIdle = 50 * time.Millisecond
 	src := dtltest.NewSource(t.TempDir())
@@ -299,8 +275,8 @@ func TestIdleServerCloses(t *testing.T) {
 // TestUnauthorizedServer: a client finds out that a server lacks the
 // secret before it proves its own, and says so.
 func TestUnauthorizedServer(t *testing.T) {
-	server, src, slg := served(t, newSecret(), opts{})
-	client, clog := newTransport(t, newSecret(), opts{})
+	server, src, slg := served(t, dtltest.NewSecret(), opts{})
+	client, clog := newTransport(t, dtltest.NewSecret(), opts{})
 	src.WriteFile("f", []byte("f"))
 	_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
 	var re *dtl.RemoteError
@@ -318,7 +294,7 @@ func TestUnauthorizedServer(t *testing.T) {
 
 // TestDialFailures: nothing listening, and a listener that never answers.
 func TestDialFailures(t *testing.T) {
-	client, _ := newTransport(t, newSecret(), opts{dial: 200 * time.Millisecond})
+	client, _ := newTransport(t, dtltest.NewSecret(), opts{dial: 200 * time.Millisecond})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -349,7 +325,7 @@ func TestDialFailures(t *testing.T) {
 func TestCloseEndsEverything(t *testing.T) {
 	before := runtime.NumGoroutine()
 	func() {
-		s := newSecret()
+		s := dtltest.NewSecret()
 		server, src, _ := served(t, s, opts{})
 		client, _ := newTransport(t, s, opts{})
 		src.WriteFile("f", []byte("f"))
@@ -394,7 +370,7 @@ func TestCloseEndsEverything(t *testing.T) {
 // TestCloseWhileFetching: a client's Close ends its own Fetches, which
 // return an error naming the closed transport.
 func TestCloseWhileFetching(t *testing.T) {
-	s := newSecret()
+	s := dtltest.NewSecret()
 	server, src, _ := served(t, s, opts{})
 	client, _ := newTransport(t, s, opts{})
 	writers := src.Stream("slow", 1<<30)
@@ -414,7 +390,7 @@ func TestCloseWhileFetching(t *testing.T) {
 // TestSparseSendsOnlyData: the server sends the data extents of a sparse
 // file, not its holes.
 func TestSparseSendsOnlyData(t *testing.T) {
-	s := newSecret()
+	s := dtltest.NewSecret()
 	server, src, _ := served(t, s, opts{})
 	client, _ := newTransport(t, s, opts{})
 	name := filepath.Join(src.Root(), "sparse")
@@ -438,7 +414,7 @@ func TestSparseSendsOnlyData(t *testing.T) {
 // TestShrunkFile: a file that is shorter than its description is not sent
 // as if it were complete.
 func TestShrunkFile(t *testing.T) {
-	s := newSecret()
+	s := dtltest.NewSecret()
 	server, _ := newTransport(t, s, opts{})
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "f"), make([]byte, 3<<20), 0o644)
@@ -475,63 +451,33 @@ func (l lyingSource) OpenPublished(ctx context.Context, req dtl.Request) (*os.Fi
 // damaged on the wire that TCP's own checksum missed.
 func flipProxy(t *testing.T, target string, at int64) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
+	return acceptLoop(t, func(c net.Conn, track func(net.Conn)) {
+		defer c.Close()
+		s, err := net.Dial("tcp", target)
+		if err != nil {
+			return
 		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
+		track(s)
+		defer s.Close()
+		go func() { io.Copy(s, c); s.(*net.TCPConn).CloseWrite() }()
+		buf := make([]byte, 32<<10)
+		var off int64
 		for {
-			c, err := ln.Accept()
+			n, err := s.Read(buf)
+			if at >= off && at < off+int64(n) {
+				buf[at-off] ^= 0xff
+			}
+			off += int64(n)
+			if n > 0 {
+				if _, werr := c.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
 			if err != nil {
 				return
 			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, s)
-			mu.Unlock()
-			wg.Go(func() { io.Copy(s, c); s.(*net.TCPConn).CloseWrite() })
-			wg.Go(func() {
-				defer c.Close()
-				defer s.Close()
-				buf := make([]byte, 32<<10)
-				var off int64
-				for {
-					n, err := s.Read(buf)
-					if at >= off && at < off+int64(n) {
-						buf[at-off] ^= 0xff
-					}
-					off += int64(n)
-					if n > 0 {
-						if _, werr := c.Write(buf[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			})
 		}
 	})
-	return ln.Addr().String()
 }
 
 type ownerAt string
@@ -551,7 +497,7 @@ func (d intoDir) Install(tmp *os.File, v dtl.Version) error {
 // the mismatch is logged with the path and both nodes. Straight to the
 // server, the same file arrives.
 func TestCorruptInTransit(t *testing.T) {
-	s := newSecret()
+	s := dtltest.NewSecret()
 	server, src, _ := served(t, s, opts{node: "owner"})
 	client, _ := newTransport(t, s, opts{node: "consumer"})
 	data := make([]byte, 3<<20)
@@ -567,7 +513,7 @@ func TestCorruptInTransit(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dest := t.TempDir()
-			lb := &logBuf{}
+			lb := &dtltest.LogBuf{}
 			f, err := dtl.NewFetcher(dtl.FetcherConfig{Transport: client, Owners: ownerAt(c.addr), Dest: intoDir(dest),
 				TempDir: t.TempDir(), Timeout: time.Minute, Node: "consumer",
 				Log: slog.New(slog.NewTextHandler(lb, nil))})

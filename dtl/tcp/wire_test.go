@@ -98,7 +98,7 @@ func (r *rawConn) authenticate(secret []byte) {
 // version, or do not hold the secret, are refused and never reach the
 // Source; each refusal is logged.
 func TestRawClients(t *testing.T) {
-	secret := newSecret()
+	secret := dtltest.NewSecret()
 	server, src, lg := served(t, secret, opts{stall: time.Second})
 	src.WriteFile("f", []byte("f"))
 	addr := server.Addr()
@@ -316,6 +316,38 @@ func fakeServer(t *testing.T, secret []byte, handle func(c net.Conn, br *bufio.R
 // its first request frame, whatever it is.
 func fakeServerFrames(t *testing.T, secret []byte, node string, handle func(c net.Conn, br *bufio.Reader, typ frameType, p []byte)) string {
 	t.Helper()
+	return acceptLoop(t, func(c net.Conn, track func(net.Conn)) {
+		defer c.Close()
+		br := bufio.NewReader(c)
+		var buf []byte
+		typ, p, err := readFrame(br, &buf)
+		if err != nil || typ != tHello {
+			return
+		}
+		h, err := decodeHello(p)
+		if err != nil {
+			return
+		}
+		ch := challenge{Version: protoVersion, Nonce: peerauth.NewNonce(), Node: node}
+		ch.MAC = peerauth.Sign(secret, labelServer, peerauth.Proof{ClientNonce: h.Nonce, ServerNonce: ch.Nonce, ClientNode: h.Node, ServerNode: ch.Node})
+		c.Write(appendChallenge(nil, ch))
+		if typ, _, err := readFrame(br, &buf); err != nil || typ != tAuth {
+			return
+		}
+		c.Write(appendReady(nil))
+		typ, p, err = readFrame(br, &buf)
+		if err != nil {
+			return
+		}
+		handle(c, br, typ, p)
+	})
+}
+
+// acceptLoop listens on loopback and serves each connection with serve on
+// a goroutine of its own; track makes serve's other connections closed
+// with the test too. Everything ends with the test.
+func acceptLoop(t *testing.T, serve func(c net.Conn, track func(net.Conn))) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -325,6 +357,11 @@ func fakeServerFrames(t *testing.T, secret []byte, node string, handle func(c ne
 		mu    sync.Mutex
 		conns []net.Conn
 	)
+	track := func(c net.Conn) {
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+	}
 	t.Cleanup(func() {
 		ln.Close()
 		mu.Lock()
@@ -340,34 +377,8 @@ func fakeServerFrames(t *testing.T, secret []byte, node string, handle func(c ne
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Go(func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				var buf []byte
-				typ, p, err := readFrame(br, &buf)
-				if err != nil || typ != tHello {
-					return
-				}
-				h, err := decodeHello(p)
-				if err != nil {
-					return
-				}
-				ch := challenge{Version: protoVersion, Nonce: peerauth.NewNonce(), Node: node}
-				ch.MAC = peerauth.Sign(secret, labelServer, peerauth.Proof{ClientNonce: h.Nonce, ServerNonce: ch.Nonce, ClientNode: h.Node, ServerNode: ch.Node})
-				c.Write(appendChallenge(nil, ch))
-				if typ, _, err := readFrame(br, &buf); err != nil || typ != tAuth {
-					return
-				}
-				c.Write(appendReady(nil))
-				typ, p, err = readFrame(br, &buf)
-				if err != nil {
-					return
-				}
-				handle(c, br, typ, p)
-			})
+			track(c)
+			wg.Go(func() { serve(c, track) })
 		}
 	})
 	return ln.Addr().String()
@@ -380,7 +391,7 @@ func hold(c net.Conn) { io.Copy(io.Discard, c) }
 // the stall timeout, with an error that is not a refusal.
 func TestStalls(t *testing.T) {
 	const stall = 200 * time.Millisecond
-	secret := newSecret()
+	secret := dtltest.NewSecret()
 	cases := map[string]func(c net.Conn, br *bufio.Reader, req getReq){
 		"NoReply": func(c net.Conn, br *bufio.Reader, req getReq) { hold(c) },
 		"AfterHeader": func(c net.Conn, br *bufio.Reader, req getReq) {
@@ -441,7 +452,7 @@ func TestStalls(t *testing.T) {
 // TestCutMidTransfer: a connection lost in the middle of a reply is a
 // transfer failure, not a refusal and not a protocol error.
 func TestCutMidTransfer(t *testing.T) {
-	secret := newSecret()
+	secret := dtltest.NewSecret()
 	addr := fakeServer(t, secret, func(c net.Conn, br *bufio.Reader, req getReq) {
 		b := appendHeader(nil, dtl.FileInfo{Size: 10 << 20})
 		b = appendChunk(b, chunkHdr{Off: 0, Len: 1 << 20})
@@ -460,7 +471,7 @@ func TestCutMidTransfer(t *testing.T) {
 
 // TestBadServers: replies that break the protocol wrap dtl.ErrProtocol.
 func TestBadServers(t *testing.T) {
-	secret := newSecret()
+	secret := dtltest.NewSecret()
 	send := func(frames ...[]byte) func(c net.Conn, br *bufio.Reader, req getReq) {
 		return func(c net.Conn, br *bufio.Reader, req getReq) {
 			for _, f := range frames {
@@ -507,10 +518,10 @@ func TestBadServers(t *testing.T) {
 // TestServerWithoutSecret: a fake server that does not hold the secret
 // cannot prove it, and the client tells.
 func TestServerWithoutSecret(t *testing.T) {
-	addr := fakeServer(t, newSecret(), func(c net.Conn, br *bufio.Reader, req getReq) {
+	addr := fakeServer(t, dtltest.NewSecret(), func(c net.Conn, br *bufio.Reader, req getReq) {
 		t.Error("the client sent a request to a server that could not prove the secret")
 	})
-	client, _ := newTransport(t, newSecret(), opts{})
+	client, _ := newTransport(t, dtltest.NewSecret(), opts{})
 	_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
 	if !errors.Is(err, dtl.ErrUnauthorized) {
 		t.Errorf("got %v, want %v", err, dtl.ErrUnauthorized)
@@ -535,7 +546,7 @@ func TestVersionRefusedByServer(t *testing.T) {
 		readFrame(bufio.NewReader(c), &buf)
 		c.Write(appendError(nil, errFrame{Code: dtl.CodeVersion, Versions: []uint16{7, 8}, Msg: "speak 7 or 8"}))
 	}()
-	client, _ := newTransport(t, newSecret(), opts{})
+	client, _ := newTransport(t, dtltest.NewSecret(), opts{})
 	_, err = client.Fetch(ctxFor(t), ln.Addr().String(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
 	if !errors.Is(err, dtl.ErrProtocol) || !strings.Contains(err.Error(), "[7 8]") {
 		t.Errorf("got %v, want a protocol error naming versions 7 and 8", err)
@@ -564,7 +575,7 @@ func TestRefusalInsteadOfEnd(t *testing.T) {
 // maxHandshaking slots; one more is turned away at once, and once the
 // silent peers leave, a real client is served again.
 func TestHandshakeBound(t *testing.T) {
-	secret := newSecret()
+	secret := dtltest.NewSecret()
 	server, src, lg := served(t, secret, opts{})
 	src.WriteFile("f", []byte("f"))
 	silent := make([]*rawConn, maxHandshaking)

@@ -57,7 +57,7 @@ import (
 // benchPair makes a UCX server and client for tls, or TCP transports
 // for "tcp-transport".
 func benchPair(b *testing.B, wire string) (server dtl.Transport, client dtl.Transport, src *dtltest.Source) {
-	s := newSecret()
+	s := dtltest.NewSecret()
 	src = dtltest.NewSource(b.TempDir())
 	if wire == "tcp-transport" {
 		mk := func(node string) *tcp.Transport {

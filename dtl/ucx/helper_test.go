@@ -98,7 +98,7 @@ func startHelper(t *testing.T, secret []byte, listen string, env []string, prefi
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Env = append(cmd.Env, helperEnv+"="+dir+","+hex.EncodeToString(secret)+","+listen)
-	stderr := &logBuf{}
+	stderr := &dtltest.LogBuf{}
 	cmd.Stderr = stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -161,7 +161,7 @@ func (h *helper) expect(t *testing.T, prefix string) string {
 func TestPeerKilled(t *testing.T) {
 	for name, tls := range wires {
 		t.Run(name, func(t *testing.T) {
-			s := newSecret()
+			s := dtltest.NewSecret()
 			env := []string{"UCX_TLS=" + tls}
 			h := startHelper(t, s, "127.0.0.1:0", env)
 			data := make([]byte, 256<<20)

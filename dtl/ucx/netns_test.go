@@ -73,7 +73,7 @@ func TestNetns(t *testing.T) {
 		t.Run(fmt.Sprintf("net_devices=%v/%s", c.restrict, c.enter), func(t *testing.T) {
 			restrict := c.restrict
 			n := newNetns(t)
-			s := newSecret()
+			s := dtltest.NewSecret()
 			env := []string{"UCX_TLS=tcp"}
 			o := opts{tls: "tcp"}
 			if restrict {

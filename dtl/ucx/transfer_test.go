@@ -49,7 +49,7 @@ func poolsFull(t testing.TB, tr *Transport) {
 func TestManySmallConcurrent(t *testing.T) {
 	for name, tls := range wires {
 		t.Run(name, func(t *testing.T) {
-			s := newSecret()
+			s := dtltest.NewSecret()
 			server, src, _ := served(t, s, opts{tls: tls})
 			client, _ := testTransport(t, s, opts{tls: tls})
 			const files = 50
@@ -185,7 +185,7 @@ func TestLargeConcurrent(t *testing.T) {
 	}
 	for name, tls := range wires {
 		t.Run(name, func(t *testing.T) {
-			s := newSecret()
+			s := dtltest.NewSecret()
 			server, src, _ := served(t, s, opts{tls: tls})
 			client, _ := testTransport(t, s, opts{tls: tls})
 			const size, files = 1 << 30, 8
@@ -248,7 +248,7 @@ func TestSmallPools(t *testing.T) {
 	tiny := func(tun *tuning) {
 		tun.chunk, tun.sendSlots, tun.recvSlots, tun.window = 64<<10, 2, 2, 1
 	}
-	s := newSecret()
+	s := dtltest.NewSecret()
 	server, src, _ := served(t, s, opts{tune: tiny})
 	client, _ := testTransport(t, s, opts{tune: tiny})
 	data := make([]byte, 3<<20+12345)
@@ -278,7 +278,7 @@ func TestSmallPools(t *testing.T) {
 // and consumer of one transport.
 func TestTwoWays(t *testing.T) {
 	tiny := func(tun *tuning) { tun.sendSlots, tun.recvSlots = 4, 4 }
-	s := newSecret()
+	s := dtltest.NewSecret()
 	a, srcA, _ := served(t, s, opts{node: "a", tune: tiny})
 	b, srcB, _ := served(t, s, opts{node: "b", tune: tiny})
 	data := make([]byte, 16<<20)
@@ -314,7 +314,7 @@ func TestTwoWays(t *testing.T) {
 func TestServerClosedThenNewServer(t *testing.T) {
 	for name, tls := range wires {
 		t.Run(name, func(t *testing.T) {
-			s := newSecret()
+			s := dtltest.NewSecret()
 			server, src, _ := served(t, s, opts{tls: tls})
 			client, _ := testTransport(t, s, opts{tls: tls})
 			addr := server.Addr()
@@ -386,7 +386,7 @@ func TestServerClosedThenNewServer(t *testing.T) {
 func TestClientCloseCancels(t *testing.T) {
 	for name, tls := range wires {
 		t.Run(name, func(t *testing.T) {
-			s := newSecret()
+			s := dtltest.NewSecret()
 			server, src, _ := served(t, s, opts{tls: tls})
 			client, _ := testTransport(t, s, opts{tls: tls})
 			writers := src.Stream("slow", 1<<30)
@@ -441,7 +441,7 @@ func TestClientCloseCancels(t *testing.T) {
 func TestCloseEndsEverything(t *testing.T) {
 	before := runtime.NumGoroutine()
 	func() {
-		s := newSecret()
+		s := dtltest.NewSecret()
 		server, src, _ := served(t, s, opts{})
 		client, _ := testTransport(t, s, opts{})
 		slowHandler := handlerFunc(func(ctx context.Context, from string, msg []byte) ([]byte, error) {
@@ -497,9 +497,9 @@ func TestCloseEndsEverything(t *testing.T) {
 // Source is asked anything, and so is one facing an owner of another job;
 // the refusal is a *dtl.RemoteError for dtl.ErrUnauthorized and is logged.
 func TestWrongSecretRefused(t *testing.T) {
-	server, src, _ := served(t, newSecret(), opts{node: "owner"})
+	server, src, _ := served(t, dtltest.NewSecret(), opts{node: "owner"})
 	src.WriteFile("f", []byte("f"))
-	stranger, slog := testTransport(t, newSecret(), opts{node: "stranger"})
+	stranger, slog := testTransport(t, dtltest.NewSecret(), opts{node: "stranger"})
 	for range 3 {
 		_, err := stranger.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
 		var re *dtl.RemoteError
@@ -522,7 +522,7 @@ func TestWrongSecretRefused(t *testing.T) {
 // closed on both sides, and the next transfer opens a new one.
 func TestIdleEndpointsClosed(t *testing.T) {
 	quick := func(tun *tuning) { tun.idleTTL, tun.serverIdle = 300*time.Millisecond, 600*time.Millisecond }
-	s := newSecret()
+	s := dtltest.NewSecret()
 	server, src, _ := served(t, s, opts{tune: quick})
 	client, _ := testTransport(t, s, opts{tune: quick})
 	src.WriteFile("f", []byte("data"))
@@ -546,7 +546,7 @@ func TestIdleEndpointsClosed(t *testing.T) {
 // are in flight free every buffer on both sides, and the owner stops
 // sending.
 func TestCancelReleases(t *testing.T) {
-	s := newSecret()
+	s := dtltest.NewSecret()
 	server, src, _ := served(t, s, opts{})
 	client, _ := testTransport(t, s, opts{})
 	makeSparse(t, filepath.Join(src.Root(), "big"), 4<<30, 16, 16<<20)
@@ -578,7 +578,7 @@ func TestCancelReleases(t *testing.T) {
 // TestAddr: the advertised address names the listener's port and, for
 // an unspecified host, an address of this machine.
 func TestAddr(t *testing.T) {
-	s := newSecret()
+	s := dtltest.NewSecret()
 	for _, c := range []struct {
 		listen, advertise, host string
 	}{
@@ -632,7 +632,7 @@ func TestNewValidates(t *testing.T) {
 	if _, err := New(cfg); err == nil {
 		t.Error("New accepted a 5-byte secret")
 	}
-	cfg.Secret = newSecret()
+	cfg.Secret = dtltest.NewSecret()
 	cfg.Node = string(make([]byte, 300))
 	if _, err := New(cfg); err == nil {
 		t.Error("New accepted a 300-byte node id")
@@ -642,7 +642,7 @@ func TestNewValidates(t *testing.T) {
 // TestGoSignalsSurviveUCX: UCX installs handlers for SIGSEGV and the like;
 // Go's own must still turn a nil dereference into a panic.
 func TestGoSignalsSurviveUCX(t *testing.T) {
-	testTransport(t, newSecret(), opts{})
+	testTransport(t, dtltest.NewSecret(), opts{})
 	defer func() {
 		if recover() == nil {
 			t.Error("no panic")
@@ -654,7 +654,7 @@ func TestGoSignalsSurviveUCX(t *testing.T) {
 
 // TestSparseSendsOnlyData: only the data extents of a sparse file travel.
 func TestSparseSendsOnlyData(t *testing.T) {
-	s := newSecret()
+	s := dtltest.NewSecret()
 	server, src, _ := served(t, s, opts{})
 	client, _ := testTransport(t, s, opts{})
 	name := filepath.Join(src.Root(), "sparse")
@@ -684,7 +684,7 @@ func TestSparseSendsOnlyData(t *testing.T) {
 // accepts and never speaks UCX fails within the dial timeout; both as
 // dtl.ErrUnavailable.
 func TestDialFailures(t *testing.T) {
-	client, _ := testTransport(t, newSecret(), opts{dial: 300 * time.Millisecond})
+	client, _ := testTransport(t, dtltest.NewSecret(), opts{dial: 300 * time.Millisecond})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -720,7 +720,7 @@ func TestDialFailures(t *testing.T) {
 // TestJunkOnThePort: a peer that connects to the listener and sends what
 // is not UCX's does no harm.
 func TestJunkOnThePort(t *testing.T) {
-	s := newSecret()
+	s := dtltest.NewSecret()
 	server, src, _ := served(t, s, opts{})
 	src.WriteFile("f", []byte("data"))
 	for range 5 {
@@ -743,7 +743,7 @@ func TestJunkOnThePort(t *testing.T) {
 // TestShrunkFile: a file shorter than its description is not sent as if
 // it were complete.
 func TestShrunkFile(t *testing.T) {
-	s := newSecret()
+	s := dtltest.NewSecret()
 	server, _ := testTransport(t, s, opts{})
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "f"), make([]byte, 3<<20), 0o644)

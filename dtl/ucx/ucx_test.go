@@ -8,37 +8,12 @@ import (
 	"crypto/rand"
 	"log/slog"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/dtl/dtltest"
 )
-
-// logBuf collects a transport's log lines.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func newSecret() []byte {
-	s := make([]byte, 32)
-	rand.Read(s)
-	return s
-}
 
 // wires are the UCX transports a test runs over (UCX_TLS): TCP, and what
 // a site sets for daemons of one host (shared memory, with TCP to connect;
@@ -60,7 +35,7 @@ type opts struct {
 
 // testTransport returns a transport on 127.0.0.1:0, closed at the end of
 // the test, and its log.
-func testTransport(t testing.TB, secret []byte, o opts) (*Transport, *logBuf) {
+func testTransport(t testing.TB, secret []byte, o opts) (*Transport, *dtltest.LogBuf) {
 	t.Helper()
 	cfg := dtl.DefaultConfig()
 	cfg.Node = "node-" + t.Name()
@@ -82,7 +57,7 @@ func testTransport(t testing.TB, secret []byte, o opts) (*Transport, *logBuf) {
 	if o.dial > 0 {
 		cfg.DialTimeout = o.dial
 	}
-	lb := &logBuf{}
+	lb := &dtltest.LogBuf{}
 	cfg.Log = slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	tun := defaultTuning()
 	tun.ucx = map[string]string{"TLS": "tcp"}
@@ -115,7 +90,7 @@ func ctxFor(t testing.TB) context.Context {
 }
 
 // served is a server on a fresh dtltest.Source.
-func served(t testing.TB, secret []byte, o opts) (*Transport, *dtltest.Source, *logBuf) {
+func served(t testing.TB, secret []byte, o opts) (*Transport, *dtltest.Source, *dtltest.LogBuf) {
 	t.Helper()
 	server, lb := testTransport(t, secret, o)
 	src := dtltest.NewSource(t.TempDir())
@@ -130,7 +105,7 @@ func served(t testing.TB, secret []byte, o opts) (*Transport, *dtltest.Source, *
 func TestSmoke(t *testing.T) {
 	for name, tls := range wires {
 		t.Run(name, func(t *testing.T) {
-			s := newSecret()
+			s := dtltest.NewSecret()
 			server, src, _ := served(t, s, opts{tls: tls})
 			client, _ := testTransport(t, s, opts{tls: tls})
 			data := make([]byte, 5<<20+3)
@@ -162,7 +137,7 @@ func TestConformance(t *testing.T) {
 	for name, tls := range wires {
 		t.Run(name, func(t *testing.T) {
 			dtltest.Run(t, func(t *testing.T) (dtl.Transport, dtl.Transport) {
-				s := newSecret()
+				s := dtltest.NewSecret()
 				server, _ := testTransport(t, s, opts{tls: tls})
 				client, _ := testTransport(t, s, opts{tls: tls})
 				return server, client

@@ -40,6 +40,23 @@ func (d *DMD) PublishedAs(ctx context.Context, rel string) (hfl.Record, bool) {
 	return rec, true
 }
 
+// openCurrent opens rel, the current version complete here, for writing
+// with flags (see OpenForWrite).
+func (d *DMD) openCurrent(rel string, flags int, tid uint32, rec hfl.Record) (*Writer, *os.File, hfl.Record, error) {
+	var st syscall.Stat_t
+	if err := d.back.Lstat(rel, &st); err != nil {
+		return nil, nil, hfl.Record{}, err
+	}
+	w := d.BeginWrite(IDOf(&st), tid, rel, false)
+	f, err := d.OpenBeneath(rel, flags|unix.O_NOFOLLOW)
+	if err != nil {
+		w.Abort()
+		return nil, nil, hfl.Record{}, err
+	}
+	w.Opened(int(f.Fd()))
+	return w, f, rec, nil
+}
+
 // OpenForWrite opens rel for writing with flags (the open's, O_CREAT and
 // O_EXCL aside) for thread tid: rel is published elsewhere and what this
 // node has of it, if anything, is not its current version. Without
@@ -62,18 +79,7 @@ func (d *DMD) OpenForWrite(ctx context.Context, rel string, flags int, tid uint3
 		if _, err := d.WaitPath(ctx, rel, tid); err != nil {
 			return nil, nil, hfl.Record{}, err
 		}
-		var st syscall.Stat_t
-		if err := d.back.Lstat(rel, &st); err != nil {
-			return nil, nil, hfl.Record{}, err
-		}
-		w := d.BeginWrite(IDOf(&st), tid, rel, false)
-		f, err := d.OpenBeneath(rel, flags|unix.O_NOFOLLOW)
-		if err != nil {
-			w.Abort()
-			return nil, nil, hfl.Record{}, err
-		}
-		w.Opened(int(f.Fd()))
-		return w, f, rec, nil
+		return d.openCurrent(rel, flags, tid, rec)
 	}
 	// Truncated (or gone meanwhile): a new file here replaces what this
 	// node had of the old version.
@@ -81,6 +87,11 @@ func (d *DMD) OpenForWrite(ctx context.Context, rel string, flags int, tid uint3
 		if d.busy0(rel) {
 			// Being written here already: join its writers.
 			return d.joinWriters(rel, flags, tid, rec)
+		}
+		if st, complete := d.completeHere(rel); complete && d.currentHere(ctx, rel, st) {
+			// The current version arrived here since the caller
+			// looked (a reader on this node fetched it): write it.
+			return d.openCurrent(rel, flags, tid, rec)
 		}
 		return nil, nil, hfl.Record{}, fmt.Errorf("%s: %w", rel, syscall.EEXIST)
 	}

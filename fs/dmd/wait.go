@@ -168,8 +168,10 @@ func (d *DMD) WaitPath(ctx context.Context, rel string, tid uint32) (string, err
 			w.Rearm()
 		}
 		// A record that arrived is fetched without another look: its
-		// install never replaces what may have appeared meanwhile.
-		if !looked && arrived.Path == "" {
+		// install never replaces what may have appeared meanwhile. One
+		// of this node's own publishes is looked for here: the file
+		// it describes is complete here now.
+		if !looked && (arrived.Path == "" || arrived.Owner == d.cfg.Node) {
 			if h, err = d.lookHere(ctx, rel); err != nil || h.complete {
 				return d.pathIf(rel, h.complete), err
 			}
