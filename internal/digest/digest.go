@@ -128,7 +128,7 @@ var ErrShort = errors.New("file is shorter than its size")
 
 // File returns the checksum of the first size bytes of f, read with
 // pread, on up to GOMAXPROCS goroutines. Blocks that are all hole (lseek
-// SEEK_DATA) are not read.
+// SEEK_DATA) are not read; f's offset moves.
 func File(f *os.File, size int64) (Sum, error) {
 	n := numBlocks(size)
 	blocks := make([]uint64, n)
