@@ -40,23 +40,6 @@ func (d *DMD) PublishedAs(ctx context.Context, rel string) (hfl.Record, bool) {
 	return rec, true
 }
 
-// openCurrent opens rel, the current version complete here, for writing
-// with flags (see OpenForWrite).
-func (d *DMD) openCurrent(rel string, flags int, tid uint32, rec hfl.Record) (*Writer, *os.File, hfl.Record, error) {
-	var st syscall.Stat_t
-	if err := d.back.Lstat(rel, &st); err != nil {
-		return nil, nil, hfl.Record{}, err
-	}
-	w := d.BeginWrite(IDOf(&st), tid, rel, false)
-	f, err := d.OpenBeneath(rel, flags|unix.O_NOFOLLOW)
-	if err != nil {
-		w.Abort()
-		return nil, nil, hfl.Record{}, err
-	}
-	w.Opened(int(f.Fd()))
-	return w, f, rec, nil
-}
-
 // OpenForWrite opens rel for writing with flags (the open's, O_CREAT and
 // O_EXCL aside) for thread tid: rel is published elsewhere and what this
 // node has of it, if anything, is not its current version. Without
@@ -79,19 +62,19 @@ func (d *DMD) OpenForWrite(ctx context.Context, rel string, flags int, tid uint3
 		if _, err := d.WaitPath(ctx, rel, tid); err != nil {
 			return nil, nil, hfl.Record{}, err
 		}
-		return d.openCurrent(rel, flags, tid, rec)
+		return d.writeHere(rel, flags, tid, rec)
 	}
 	// Truncated (or gone meanwhile): a new file here replaces what this
 	// node had of the old version.
 	if !d.clearForFetch(ctx, rel) && d.existsHere(rel) {
 		if d.busy0(rel) {
 			// Being written here already: join its writers.
-			return d.joinWriters(rel, flags, tid, rec)
+			return d.writeHere(rel, flags, tid, rec)
 		}
 		if st, complete := d.completeHere(rel); complete && d.currentHere(ctx, rel, st) {
 			// The current version arrived here since the caller
 			// looked (a reader on this node fetched it): write it.
-			return d.openCurrent(rel, flags, tid, rec)
+			return d.writeHere(rel, flags, tid, rec)
 		}
 		return nil, nil, hfl.Record{}, fmt.Errorf("%s: %w", rel, syscall.EEXIST)
 	}
@@ -137,8 +120,9 @@ func (d *DMD) busy0(rel string) bool {
 	return d.busy[IDOf(&st)] != nil || d.creating[rel] > 0
 }
 
-// joinWriters opens rel, being written here, as one more writer.
-func (d *DMD) joinWriters(rel string, flags int, tid uint32, rec hfl.Record) (*Writer, *os.File, hfl.Record, error) {
+// writeHere opens rel for writing as it is here: a file being written
+// here (one more writer) or the current version, complete here.
+func (d *DMD) writeHere(rel string, flags int, tid uint32, rec hfl.Record) (*Writer, *os.File, hfl.Record, error) {
 	var st syscall.Stat_t
 	if err := d.back.Lstat(rel, &st); err != nil {
 		return nil, nil, hfl.Record{}, err
