@@ -71,6 +71,9 @@ func (m *storeMonitor) section(d *dmd.DMD) map[string]any {
 		"alarms":            h.Alarms,
 		"pending_publishes": d.PendingPublishes(),
 	}
+	if h.Quota > 0 {
+		s["quota_bytes"] = h.Quota
+	}
 	if err != nil {
 		s["error"] = err.Error()
 	}

@@ -36,6 +36,7 @@
 package flux
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -641,23 +642,48 @@ func (s *Store) PutIfAbsent(ctx context.Context, key string, value []byte) ([]by
 }
 
 // Health implements store.Store: the job's record count, from its
-// counter. The KVS's size is not told to clients.
+// counter, and the size of the instance's content store on rank 0 (what
+// `flux module stats content-sqlite` shows), whose quota is the disk it
+// is on: its size and the free space there.
 func (s *Store) Health(ctx context.Context, namespace string) (store.Health, error) {
 	if s.ctx.Err() != nil {
 		return store.Health{}, store.ErrClosed
 	}
+	var h store.Health
+	h.Bytes, h.Quota = s.contentSize(ctx)
 	ns := s.cfg.Prefix + esc(namespace)
 	v, err := s.h.Lookup(ctx, ns, recordsKey)
 	if notFound(err) {
-		return store.Health{}, nil
+		return h, nil
 	}
 	if err != nil {
 		return store.Health{}, s.fail(ctx, "health", namespace, err)
 	}
-	var n int64
-	fmt.Sscan(string(v), &n)
-	return store.Health{Records: n}, nil
+	fmt.Sscan(string(v), &h.Records)
+	return h, nil
 }
+
+// contentSize asks rank 0's content-sqlite module for its database's size
+// and the free space beside it; 0, 0 when it does not answer (another
+// backing module, or none).
+func (s *Store) contentSize(ctx context.Context) (size, quota int64) {
+	ans, err := s.h.RPC(ctx, "content-sqlite.stats-get", 0, []byte("{}"), healthTimeout)
+	if err != nil {
+		return 0, 0
+	}
+	var st struct {
+		Size int64 `json:"dbfile_size"`
+		Free int64 `json:"dbfile_free"`
+	}
+	// Flux string payloads end in a NUL.
+	if json.Unmarshal(bytes.TrimRight(ans, "\x00"), &st) != nil || st.Size <= 0 {
+		return 0, 0
+	}
+	return st.Size, st.Size + st.Free
+}
+
+// healthTimeout bounds asking the content store for its size.
+const healthTimeout = 2 * time.Second
 
 // Forget implements store.Store: the job's KVS namespace is removed, at
 // once (the KVS frees it as one unit; page plays no part). Through the

@@ -88,3 +88,23 @@ func TestFluxRegistrationOfADeadDaemon(t *testing.T) {
 		t.Fatalf("list: %v, %v; want only the live one", m, err)
 	}
 }
+
+// TestFluxHealthSize: the health of the Flux store tells the size of the
+// instance's content store and the disk it may fill, as etcd's tells its
+// database's.
+func TestFluxHealthSize(t *testing.T) {
+	in := fluxtest.Start(t, 2)
+	h0, h1 := handle(t, in.URIs[0]), handle(t, in.URIs[1])
+	ser := open(t, h0, "size")
+	defer ser.Close()
+	s := open(t, h1, "size")
+	defer s.Close()
+	ctx := context.Background()
+	if _, err := s.Publish(ctx, store.Slot{Key: "job/k", Dir: "job/", Name: "k"}, store.Record{Path: "k", Owner: "a", Size: 1, Mode: 0o100644}); err != nil {
+		t.Fatal(err)
+	}
+	h, err := s.Health(ctx, "job")
+	if err != nil || h.Records != 1 || h.Bytes <= 0 || h.Quota <= h.Bytes {
+		t.Fatalf("Health: %+v, %v; want 1 record, a database size and a larger quota", h, err)
+	}
+}
