@@ -227,8 +227,9 @@ func TestRemovalTellsHolders(t *testing.T) {
 func TestListingPromise(t *testing.T) {
 	locs, _, store, _ := promiseCluster(t, 2)
 	ctx := testContext(t)
+	// Told before they return: no notice of them comes after the listing.
 	for _, name := range []string{"y", "x"} {
-		if _, err := locs[0].Publish(ctx, Record{Path: "ls/" + name, Owner: "n0", Mode: 0o100644}); err != nil {
+		if _, err := locs[0].PublishSync(ctx, Record{Path: "ls/" + name, Owner: "n0", Mode: 0o100644}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/dtl/dtltest"
 	"github.com/dyadfs/dyadfs/dtl/tcp"
+	"github.com/dyadfs/dyadfs/internal/digest"
 )
 
 // Benchmarks of whole fetches (a file of the Source into a new file, as
@@ -98,9 +99,13 @@ func benchFetch(b *testing.B, wire string, size, parallel int) {
 	if err := src.WriteFile("f", data); err != nil {
 		b.Fatal(err)
 	}
+	// Hashed once, as a producer does at publish.
+	if err := src.Publish("f"); err != nil {
+		b.Fatal(err)
+	}
 	dir := b.TempDir()
 	ctx := context.Background()
-	var n atomic.Int64
+	var n, reread atomic.Int64
 	var mu sync.Mutex
 	var lat []time.Duration
 	fetch := func() {
@@ -110,7 +115,16 @@ func benchFetch(b *testing.B, wire string, size, parallel int) {
 			return
 		}
 		start := time.Now()
-		_, err = client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(f))
+		sink := dtl.NewSink(f)
+		info, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, sink)
+		if err == nil {
+			// The check the Fetcher makes.
+			var sum digest.Sum
+			if sum, err = sink.Sum(info.Size); err == nil && sum != info.Checksum {
+				err = fmt.Errorf("checksum %v, want %v", sum, info.Checksum)
+			}
+			reread.Add(sink.Reread())
+		}
 		took := time.Since(start)
 		f.Close()
 		os.Remove(f.Name())
@@ -144,6 +158,8 @@ func benchFetch(b *testing.B, wire string, size, parallel int) {
 		b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "files/s")
 		b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+		// Blocks whose chunks completed out of order are read back.
+		b.ReportMetric(float64(reread.Load())/float64(len(lat)), "reread-B/op")
 	}
 }
 
