@@ -27,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dyadfs/dyadfs/dtl/dtltest"
 	"github.com/dyadfs/dyadfs/flux"
 	"github.com/dyadfs/dyadfs/flux/fluxtest"
 	"github.com/dyadfs/dyadfs/fs"
@@ -706,27 +707,9 @@ type fbProc struct {
 	cmd    *exec.Cmd
 	lines  chan string
 	stdin  io.WriteCloser
-	stderr *fbBuffer
+	stderr *dtltest.LogBuf
 	once   sync.Once
 	err    error
-}
-
-// fbBuffer is a bytes.Buffer safe to read while a program writes to it.
-type fbBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *fbBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *fbBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return fbOneLine(b.buf.String())
 }
 
 // fbStart starts argv in a process group of its own that ctx's end kills.
@@ -736,7 +719,7 @@ func fbStart(ctx context.Context, argv, env []string, lines int) (*fbProc, error
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
-	p := &fbProc{cmd: cmd, lines: make(chan string, lines), stderr: &fbBuffer{}}
+	p := &fbProc{cmd: cmd, lines: make(chan string, lines), stderr: &dtltest.LogBuf{}}
 	cmd.Stderr = p.stderr
 	var err error
 	if p.stdin, err = cmd.StdinPipe(); err != nil {
@@ -768,7 +751,7 @@ func (p *fbProc) wait() error {
 		}
 		p.err = p.cmd.Wait()
 		if p.err != nil {
-			p.err = fmt.Errorf("%v (stderr: %s)", p.err, p.stderr)
+			p.err = fmt.Errorf("%v (stderr: %s)", p.err, fbOneLine(p.stderr.String()))
 		}
 	})
 	return p.err
