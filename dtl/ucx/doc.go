@@ -58,16 +58,19 @@
 //
 // # Shared memory
 //
-// UCX 1.13 (Debian 12) gives no shared memory lanes to client-server
-// endpoints that handle peer failures: posix and sysv do not report peer
-// failures unless UCX_MM_ERROR_HANDLING=y, and even then the rendezvous
-// data of such endpoints goes over TCP. Daemons of one host with
-// UCX_TLS=sm,tcp (or cma,tcp) therefore work, over TCP loopback; with
-// UCX_TLS=sm alone UCX cannot connect by sockaddr at all. An endpoint made
-// from the peer's worker address does get shared memory, for active
-// messages only: moving sessions to one was tried and measured slower
-// here (rendezvous then travels in 8 KiB fragments, a wakeup each), so
-// this package does not.
+// Daemons of one host set UCX_TLS=sm,tcp (or cma,tcp): TCP connects them
+// (UCX cannot connect by sockaddr over shared memory alone) and carries
+// the small messages, and chunks move by CMA (process_vm_readv), one copy
+// from the owner's buffer into the consumer's. UCX 1.13 gives an endpoint
+// that handles peer failures a bulk lane only on a memory domain that can
+// invalidate registrations, which CMA claims only when told to: the
+// transport tells it (MEMORY_INVALIDATE, see ucxDefaults in worker.go,
+// which says why that is sound here), unless UCX_CMA_MEMORY_INVALIDATE is
+// set. posix and sysv shared memory report no peer failures (unless
+// UCX_MM_ERROR_HANDLING=y) and stay out of such endpoints; measured, the
+// messages they would carry were no faster here. CMA needs the daemons to
+// be allowed to ptrace each other (the same user, or root, and
+// kernel.yama.ptrace_scope 0); where they are not, set UCX_TLS=tcp.
 //
 // # Failures
 //

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -442,8 +443,8 @@ func TestCloseEndsEverything(t *testing.T) {
 	before := runtime.NumGoroutine()
 	func() {
 		s := dtltest.NewSecret()
-		server, src, _ := served(t, s, opts{})
-		client, _ := testTransport(t, s, opts{})
+		server, src, serverLog := served(t, s, opts{})
+		client, clientLog := testTransport(t, s, opts{})
 		slowHandler := handlerFunc(func(ctx context.Context, from string, msg []byte) ([]byte, error) {
 			<-ctx.Done()
 			return nil, ctx.Err()
@@ -485,6 +486,12 @@ func TestCloseEndsEverything(t *testing.T) {
 			}
 		}
 		client.Close()
+		// Closing is no failure: neither log has an error in it.
+		for _, lb := range []*dtltest.LogBuf{serverLog, clientLog} {
+			if strings.Contains(lb.String(), "level=ERROR") {
+				t.Errorf("an error logged by closing:\n%s", lb)
+			}
+		}
 	}()
 	poll.Within(5*time.Second, func() bool { return runtime.NumGoroutine() <= before })
 	if after := runtime.NumGoroutine(); after > before {

@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,8 +17,8 @@ import (
 )
 
 // wires are the UCX transports a test runs over (UCX_TLS): TCP, and what
-// a site sets for daemons of one host (shared memory, with TCP to connect;
-// UCX 1.13 then runs our endpoints over TCP loopback, see doc.go).
+// a site sets for daemons of one host (shared memory, with TCP to connect:
+// chunks then move by CMA, see doc.go).
 var wires = map[string]string{
 	"tcp": "tcp",
 	"shm": "sm,tcp",
@@ -131,6 +132,41 @@ func TestSmoke(t *testing.T) {
 			t.Logf("the endpoint UCX made:\n%s", client.endpointInfo(server.Addr()))
 		})
 	}
+}
+
+// TestSharedMemoryOnOneHost: between daemons of one host with
+// UCX_TLS=sm,tcp, the endpoint (which handles peer failures) moves chunks
+// through shared memory: its bulk lane is CMA, not TCP loopback.
+func TestSharedMemoryOnOneHost(t *testing.T) {
+	s := dtltest.NewSecret()
+	server, src, _ := served(t, s, opts{tls: wires["shm"]})
+	client, _ := testTransport(t, s, opts{tls: wires["shm"]})
+	data := make([]byte, 3<<20)
+	rand.Read(data)
+	src.WriteFile("f", data)
+	dst := dtltest.Dst(t)
+	if _, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dst)); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(dst.Name()); !bytes.Equal(got, data) {
+		t.Fatal("content differs")
+	}
+	info := client.endpointInfo(server.Addr())
+	var bulk []string
+	for _, line := range strings.Split(info, "\n") {
+		if strings.Contains(line, "rma_bw") {
+			bulk = append(bulk, strings.TrimSpace(strings.TrimLeft(line, "# ")))
+		}
+	}
+	for _, l := range bulk {
+		if strings.Contains(l, "cma/") {
+			return
+		}
+	}
+	if scope, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope"); err == nil && strings.TrimSpace(string(scope)) != "0" {
+		t.Skipf("skipping: CMA needs ptrace between the daemons, which kernel.yama.ptrace_scope=%s forbids", strings.TrimSpace(string(scope)))
+	}
+	t.Fatalf("bulk lanes %q, want CMA; the endpoint:\n%s", bulk, info)
 }
 
 func TestConformance(t *testing.T) {
