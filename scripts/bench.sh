@@ -75,12 +75,13 @@ if [[ $what == all || $what == ucx ]]; then
 	if [[ ,$DYADFS_TAGS, != *,ucx,* ]]; then
 		echo "== UCX: skipped (built without UCX: libucx-dev is not installed)"
 	else
-		echo "== UCX between two namespaces (UCX_TLS=tcp)"
+		echo "== UCX between two namespaces (UCX_TLS=tcp), end to end, the transports alternating over rounds"
 		TMPDIR=$tmp go test -tags "$DYADFS_TAGS" -run '^$' -bench '^BenchmarkClusterTransports$' -benchtime 1x -timeout 30m ./test/ |
 			sed -n '/^ *figure/,/^latency is/p'
 		echo
-		echo "== UCX on one host: shared memory (UCX_TLS=sm,tcp) and TCP (UCX_TLS=tcp) against the TCP transport on loopback"
-		go test -tags "$DYADFS_TAGS" -run '^$' -bench . -benchtime 2s -timeout 30m ./dtl/ucx/ | grep -E '^(Benchmark|[a-z ]+:)'
+		echo "== the transports alone: between two namespaces (FetchNetns, UCX_TLS=tcp, against ucx_perftest there),"
+		echo "   and on one host: shared memory (ucx-shm: UCX_TLS=sm,tcp) and TCP (ucx-tcp) against the TCP transport on loopback"
+		go test -tags "$DYADFS_TAGS" -run '^$' -bench . -benchtime 2s -timeout 30m ./dtl/ucx/ | grep -E '^(Benchmark|ucx_perftest|[a-z ]+:)'
 	fi
 fi
 

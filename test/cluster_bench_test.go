@@ -120,7 +120,11 @@ func printRows(rows []benchRow) {
 		if r.ratio != 0 {
 			ratio = fmt.Sprintf("%.2f", r.ratio)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%s\t\n", r.name, r.unit, r.value, ratio, r.target)
+		value := fmt.Sprintf("%.1f", r.value)
+		if r.spread != "" {
+			value += " (" + r.spread + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", r.name, r.unit, value, ratio, r.target)
 	}
 	tw.Flush()
 	fmt.Println("\npipelined: the consumer waits for file 0 before the producer starts, then reads the files in order while")
@@ -131,8 +135,10 @@ func printRows(rows []benchRow) {
 type benchRow struct {
 	name, unit string
 	value      float64
-	ratio      float64
-	target     string
+	// spread is the range of the rounds whose median value is.
+	spread string
+	ratio  float64
+	target string
 }
 
 // iperf3 measures single-stream TCP throughput from a to n.

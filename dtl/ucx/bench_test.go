@@ -5,11 +5,15 @@ package ucx
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -103,6 +107,14 @@ func benchFetch(b *testing.B, wire string, size, parallel int) {
 	if err := src.Publish("f"); err != nil {
 		b.Fatal(err)
 	}
+	measureFetches(b, client, server.Addr(), "f", size, parallel)
+}
+
+// measureFetches fetches p, a size-byte file, from addr b.N times, each
+// time into a new file, from parallel goroutines, checks each copy's
+// checksum, reports the rate and the latency's median and 99th
+// percentile, and returns the rate in MB/s.
+func measureFetches(b *testing.B, client dtl.Transport, addr, p string, size, parallel int) float64 {
 	dir := b.TempDir()
 	ctx := context.Background()
 	var n, reread atomic.Int64
@@ -116,7 +128,7 @@ func benchFetch(b *testing.B, wire string, size, parallel int) {
 		}
 		start := time.Now()
 		sink := dtl.NewSink(f)
-		info, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, sink)
+		info, err := client.Fetch(ctx, addr, dtl.Request{Path: p}, sink)
 		if err == nil {
 			// The check the Fetcher makes.
 			var sum digest.Sum
@@ -154,13 +166,15 @@ func benchFetch(b *testing.B, wire string, size, parallel int) {
 	elapsed := time.Since(start)
 	b.StopTimer()
 	slices.Sort(lat)
-	if len(lat) > 0 {
-		b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "files/s")
-		b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
-		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
-		// Blocks whose chunks completed out of order are read back.
-		b.ReportMetric(float64(reread.Load())/float64(len(lat)), "reread-B/op")
+	if len(lat) == 0 {
+		return 0
 	}
+	b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "files/s")
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+	// Blocks whose chunks completed out of order are read back.
+	b.ReportMetric(float64(reread.Load())/float64(len(lat)), "reread-B/op")
+	return float64(len(lat)) * float64(size) / 1e6 / elapsed.Seconds()
 }
 
 func BenchmarkFetch64MiB(b *testing.B) {
@@ -210,5 +224,131 @@ func BenchmarkMessage64(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkFetchNetns fetches 64 MiB files from an owner in another
+// network namespace, through a veth as the multi-node tests' nodes are
+// joined, with UCX_TLS=tcp: UCX's own baseline between the same two
+// namespaces (ucx_perftest's ucp_am_bw, 1 MiB messages, in both of its
+// error modes), then the UCX transport and the TCP transport, each
+// fetching from the owner's page cache into a new file and checking the
+// checksum as the Fetcher does. "of-perftest" is the transport's rate
+// over ucx_perftest's best.
+func BenchmarkFetchNetns(b *testing.B) {
+	if _, err := exec.LookPath("ucx_perftest"); err != nil {
+		b.Skip("skipping: ucx_perftest is not installed (Debian: ucx-utils; scripts/setup.sh installs it)")
+	}
+	n := newNetns(b)
+	enter := []string{"ip", "netns", "exec", n.name}
+	// Every run uses the veth's two ends only (UCX_NET_DEVICES): left to
+	// choose, UCX also pairs the two namespaces' loopback interfaces,
+	// which lead each side to itself.
+	ends := [2]string{n.hostIf, "eth0"}
+	// Once, not per round of each sub-benchmark.
+	plain := perftestBW(b, enter, n.nsIP, ends, "")
+	peer := perftestBW(b, enter, n.nsIP, ends, "-e")
+	best := max(plain, peer)
+	fmt.Printf("ucx_perftest ucp_am_bw 1 MiB between the namespaces (UCX_TLS=tcp): %.0f MB/s, with peer error handling (-e) %.0f MB/s\n", plain, peer)
+	for _, w := range []struct{ name, transport string }{{"ucx-tcp", ""}, {"tcp-transport", "tcp"}} {
+		b.Run(w.name, func(b *testing.B) {
+			s := dtltest.NewSecret()
+			h := startOwner(b, s, n.nsIP+":0", w.transport, []string{"UCX_TLS=tcp", "UCX_NET_DEVICES=" + ends[1]}, enter...)
+			sizes := map[string]int{"64MiB": 64 << 20, "4KiB": 4 << 10}
+			for name, size := range sizes {
+				data := make([]byte, size)
+				rand.Read(data)
+				if err := os.WriteFile(filepath.Join(h.dir, name), data, 0o644); err != nil {
+					b.Fatal(err)
+				}
+				h.publish(b, name)
+			}
+			var client dtl.Transport
+			if w.transport == "tcp" {
+				cfg := dtl.DefaultConfig()
+				cfg.Node, cfg.Listen, cfg.Secret = "client", "127.0.0.1:0", s
+				cfg.Log = slog.New(slog.DiscardHandler)
+				tr, err := tcp.New(cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { tr.Close() })
+				client = tr
+			} else {
+				client, _ = testTransport(b, s, opts{tls: "tcp", ucx: map[string]string{"NET_DEVICES": ends[0]}})
+			}
+			b.Run("64MiB", func(b *testing.B) {
+				mbs := measureFetches(b, client, h.addr, "64MiB", sizes["64MiB"], 1)
+				b.ReportMetric(mbs/best, "of-perftest")
+			})
+			b.Run("4KiB", func(b *testing.B) { measureFetches(b, client, h.addr, "4KiB", sizes["4KiB"], 1) })
+		})
+	}
+}
+
+// perftestBW runs ucx_perftest's ucp_am_bw with 1 MiB messages between a
+// server started under enter (in a namespace) at ip and a client here,
+// with UCX_TLS=tcp on the devices ends (the client's, the server's), and
+// returns its overall bandwidth in MB/s (10^6 bytes; it prints MiB/s).
+// flag is "-e" for endpoints that handle peer errors, as dyadfs's do, or
+// "".
+func perftestBW(b *testing.B, enter []string, ip string, ends [2]string, flag string) float64 {
+	b.Helper()
+	// A server serves one run; a new one (on a new port) for each try.
+	for range 5 {
+		if v, ok := perftestOnce(b, enter, ip, ends, flag); ok {
+			return v
+		}
+	}
+	b.Fatal("ucx_perftest: no run completed")
+	return 0
+}
+
+func perftestOnce(b *testing.B, enter []string, ip string, ends [2]string, flag string) (float64, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var p [2]byte
+	rand.Read(p[:])
+	port := strconv.Itoa(20000 + int(binary.BigEndian.Uint16(p[:]))%20000)
+	args := []string{"-p", port}
+	if flag != "" {
+		args = append(args, flag)
+	}
+	argv := append(append(append([]string{}, enter...), "env", "UCX_TLS=tcp", "UCX_NET_DEVICES="+ends[1], "ucx_perftest"), args...)
+	server := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	if err := server.Start(); err != nil {
+		b.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { server.Wait(); close(exited) }()
+	defer func() { cancel(); <-exited }()
+	for {
+		// Bounded by ctx: a client whose server went away spins.
+		cmd := exec.CommandContext(ctx, "ucx_perftest", append(args, ip, "-t", "ucp_am_bw", "-s", "1048576", "-n", "2000")...)
+		cmd.Env = append(os.Environ(), "UCX_TLS=tcp", "UCX_NET_DEVICES="+ends[0])
+		out, err := cmd.CombinedOutput()
+		if err == nil {
+			// Final: iterations, latency p50, average, overall,
+			// bandwidth average, overall, message rate average,
+			// overall.
+			for _, line := range strings.Split(string(out), "\n") {
+				f := strings.Fields(line)
+				if len(f) == 9 && f[0] == "Final:" {
+					if v, err := strconv.ParseFloat(f[6], 64); err == nil {
+						return v * 1.048576, true
+					}
+				}
+			}
+			b.Logf("ucx_perftest: no result in\n%s", out)
+			return 0, false
+		}
+		select {
+		case <-exited:
+			b.Logf("ucx_perftest: %v\n%s\nserver: %v", err, out, server.ProcessState)
+			return 0, false
+		case <-ctx.Done():
+			return 0, false
+		case <-time.After(200 * time.Millisecond): // not listening yet
+		}
 	}
 }

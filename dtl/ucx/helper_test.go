@@ -20,6 +20,7 @@ import (
 
 	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/dtl/dtltest"
+	"github.com/dyadfs/dyadfs/dtl/tcp"
 )
 
 // Owners in other processes: the test binary runs itself as one
@@ -36,13 +37,15 @@ func TestMain(m *testing.M) {
 }
 
 // helperMain serves a directory until its stdin closes. Its environment
-// says what: DYADFS_UCX_TEST_HELPER=dir,hex secret,listen address, and
-// UCX's own variables (UCX_TLS, UCX_NET_DEVICES) pass through to UCX. It
-// prints "addr ADDR" once it serves, and "streaming" once a fetch of
-// "slow" has begun and 4 MiB of it were written.
+// says what: DYADFS_UCX_TEST_HELPER=dir,hex secret,listen address[,tcp]
+// (tcp: the TCP transport serves instead of UCX), and UCX's own variables
+// (UCX_TLS, UCX_NET_DEVICES) pass through to UCX. It prints "addr ADDR"
+// once it serves, and "streaming" once a fetch of "slow" has begun and 4
+// MiB of it were written. A line "publish P" on its stdin records P's
+// checksum, as a producer's publish does; it answers "published".
 func helperMain() int {
 	args := strings.Split(os.Getenv(helperEnv), ",")
-	if len(args) != 3 {
+	if len(args) != 3 && (len(args) != 4 || args[3] != "tcp") {
 		fmt.Fprintln(os.Stderr, "helper: bad arguments")
 		return 2
 	}
@@ -54,7 +57,12 @@ func helperMain() int {
 	cfg := dtl.DefaultConfig()
 	cfg.Node, cfg.Listen, cfg.Secret = "helper", args[2], secret
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	tr, err := New(cfg)
+	var tr dtl.Transport
+	if len(args) == 4 {
+		tr, err = tcp.New(cfg)
+	} else {
+		tr, err = New(cfg)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "helper:", err)
 		return 1
@@ -75,7 +83,16 @@ func helperMain() int {
 		return 1
 	}
 	fmt.Println("addr", tr.Addr())
-	io.Copy(io.Discard, os.Stdin)
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		if p, ok := strings.CutPrefix(sc.Text(), "publish "); ok {
+			if err := src.Publish(p); err != nil {
+				fmt.Fprintln(os.Stderr, "helper:", err)
+				return 1
+			}
+			fmt.Println("published")
+		}
+	}
 	return 0
 }
 
@@ -85,19 +102,30 @@ type helper struct {
 	lines <-chan string
 	addr  string
 	dir   string
-	stdin io.Closer
+	stdin io.WriteCloser
 }
 
 // startHelper runs an owner serving a new directory on listen, with env
 // added to its environment; prefix runs it under another command (ip
 // netns exec ...).
-func startHelper(t *testing.T, secret []byte, listen string, env []string, prefix ...string) *helper {
+func startHelper(t testing.TB, secret []byte, listen string, env []string, prefix ...string) *helper {
+	t.Helper()
+	return startOwner(t, secret, listen, "", env, prefix...)
+}
+
+// startOwner is startHelper with the transport to serve with: "" for UCX,
+// "tcp" for the TCP transport.
+func startOwner(t testing.TB, secret []byte, listen, transport string, env []string, prefix ...string) *helper {
 	t.Helper()
 	dir := t.TempDir()
 	argv := append(prefix, os.Args[0], "-test.run=^$")
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), env...)
-	cmd.Env = append(cmd.Env, helperEnv+"="+dir+","+hex.EncodeToString(secret)+","+listen)
+	arg := dir + "," + hex.EncodeToString(secret) + "," + listen
+	if transport != "" {
+		arg += "," + transport
+	}
+	cmd.Env = append(cmd.Env, helperEnv+"="+arg)
 	stderr := &dtltest.LogBuf{}
 	cmd.Stderr = stderr
 	stdin, err := cmd.StdinPipe()
@@ -140,7 +168,7 @@ func startHelper(t *testing.T, secret []byte, listen string, env []string, prefi
 }
 
 // expect waits for the helper's next line, which must begin with prefix.
-func (h *helper) expect(t *testing.T, prefix string) string {
+func (h *helper) expect(t testing.TB, prefix string) string {
 	t.Helper()
 	select {
 	case line, ok := <-h.lines:
@@ -152,6 +180,15 @@ func (h *helper) expect(t *testing.T, prefix string) string {
 		t.Fatalf("helper did not say %q", prefix)
 	}
 	return ""
+}
+
+// publish has the helper record p's checksum.
+func (h *helper) publish(t testing.TB, p string) {
+	t.Helper()
+	if _, err := fmt.Fprintln(h.stdin, "publish", p); err != nil {
+		t.Fatal(err)
+	}
+	h.expect(t, "published")
 }
 
 // TestPeerKilled: an owner killed outright in the middle of transfers

@@ -25,7 +25,7 @@ type netns struct {
 	hostIP, nsIP string
 }
 
-func newNetns(t *testing.T) *netns {
+func newNetns(t testing.TB) *netns {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("network namespaces need root")
