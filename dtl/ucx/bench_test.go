@@ -178,6 +178,16 @@ func measureFetches(b *testing.B, client dtl.Transport, addr, p string, size, pa
 }
 
 func BenchmarkFetch64MiB(b *testing.B) {
+	// UCX's own baseline on this host, for each UCX_TLS the transport
+	// runs with, in both of ucx_perftest's error modes (dyadfs's
+	// endpoints handle peer errors, as -e does).
+	if _, err := exec.LookPath("ucx_perftest"); err == nil {
+		for _, tls := range []string{"tcp", "sm,tcp"} {
+			plain := perftestBW(b, nil, "127.0.0.1", tls, [2]string{"lo", "lo"}, "")
+			peer := perftestBW(b, nil, "127.0.0.1", tls, [2]string{"lo", "lo"}, "-e")
+			fmt.Printf("ucx_perftest ucp_am_bw 1 MiB on one host (UCX_TLS=%s): %.0f MB/s, with peer error handling (-e) %.0f MB/s\n", tls, plain, peer)
+		}
+	}
 	for _, w := range benchWires {
 		b.Run(w.name, func(b *testing.B) { benchFetch(b, w.tls, 64<<20, 1) })
 	}
@@ -246,8 +256,8 @@ func BenchmarkFetchNetns(b *testing.B) {
 	// which lead each side to itself.
 	ends := [2]string{n.hostIf, "eth0"}
 	// Once, not per round of each sub-benchmark.
-	plain := perftestBW(b, enter, n.nsIP, ends, "")
-	peer := perftestBW(b, enter, n.nsIP, ends, "-e")
+	plain := perftestBW(b, enter, n.nsIP, "tcp", ends, "")
+	peer := perftestBW(b, enter, n.nsIP, "tcp", ends, "-e")
 	best := max(plain, peer)
 	fmt.Printf("ucx_perftest ucp_am_bw 1 MiB between the namespaces (UCX_TLS=tcp): %.0f MB/s, with peer error handling (-e) %.0f MB/s\n", plain, peer)
 	for _, w := range []struct{ name, transport string }{{"ucx-tcp", ""}, {"tcp-transport", "tcp"}} {
@@ -287,16 +297,16 @@ func BenchmarkFetchNetns(b *testing.B) {
 }
 
 // perftestBW runs ucx_perftest's ucp_am_bw with 1 MiB messages between a
-// server started under enter (in a namespace) at ip and a client here,
-// with UCX_TLS=tcp on the devices ends (the client's, the server's), and
-// returns its overall bandwidth in MB/s (10^6 bytes; it prints MiB/s).
-// flag is "-e" for endpoints that handle peer errors, as dyadfs's do, or
-// "".
-func perftestBW(b *testing.B, enter []string, ip string, ends [2]string, flag string) float64 {
+// server started under enter (in a namespace; nothing: here) at ip and a
+// client here, with UCX_TLS=tls on the network devices ends (the
+// client's, the server's), and returns its overall bandwidth in MB/s
+// (10^6 bytes; it prints MiB/s). flag is "-e" for endpoints that handle
+// peer errors, as dyadfs's do, or "".
+func perftestBW(b *testing.B, enter []string, ip, tls string, ends [2]string, flag string) float64 {
 	b.Helper()
 	// A server serves one run; a new one (on a new port) for each try.
 	for range 5 {
-		if v, ok := perftestOnce(b, enter, ip, ends, flag); ok {
+		if v, ok := perftestOnce(b, enter, ip, tls, ends, flag); ok {
 			return v
 		}
 	}
@@ -304,7 +314,7 @@ func perftestBW(b *testing.B, enter []string, ip string, ends [2]string, flag st
 	return 0
 }
 
-func perftestOnce(b *testing.B, enter []string, ip string, ends [2]string, flag string) (float64, bool) {
+func perftestOnce(b *testing.B, enter []string, ip, tls string, ends [2]string, flag string) (float64, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var p [2]byte
@@ -314,7 +324,7 @@ func perftestOnce(b *testing.B, enter []string, ip string, ends [2]string, flag 
 	if flag != "" {
 		args = append(args, flag)
 	}
-	argv := append(append(append([]string{}, enter...), "env", "UCX_TLS=tcp", "UCX_NET_DEVICES="+ends[1], "ucx_perftest"), args...)
+	argv := append(append(append([]string{}, enter...), "env", "UCX_TLS="+tls, "UCX_NET_DEVICES="+ends[1], "ucx_perftest"), args...)
 	server := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	if err := server.Start(); err != nil {
 		b.Fatal(err)
@@ -325,7 +335,7 @@ func perftestOnce(b *testing.B, enter []string, ip string, ends [2]string, flag 
 	for {
 		// Bounded by ctx: a client whose server went away spins.
 		cmd := exec.CommandContext(ctx, "ucx_perftest", append(args, ip, "-t", "ucp_am_bw", "-s", "1048576", "-n", "2000")...)
-		cmd.Env = append(os.Environ(), "UCX_TLS=tcp", "UCX_NET_DEVICES="+ends[0])
+		cmd.Env = append(os.Environ(), "UCX_TLS="+tls, "UCX_NET_DEVICES="+ends[0])
 		out, err := cmd.CombinedOutput()
 		if err == nil {
 			// Final: iterations, latency p50, average, overall,
