@@ -27,6 +27,13 @@ if [[ -n $DYADFS_TAGS ]]; then
 fi
 echo "== go test -race${DYADFS_TAGS:+ -tags $DYADFS_TAGS}"
 go test -race -tags "$DYADFS_TAGS" -count=1 -timeout 60m ./...
+if [[ ,$DYADFS_TAGS, == *,ucx,* ]]; then
+	# The UCX transport once more with cgo's full pointer checks (every
+	# store of a Go pointer into C memory is checked, not only the
+	# arguments of calls).
+	echo "== go test, UCX transport, GOEXPERIMENT=cgocheck2"
+	GOEXPERIMENT=cgocheck2 go test -tags ucx -count=1 -timeout 20m ./dtl/ucx/
+fi
 
 # A test binary killed by its timeout cannot run its cleanups: report what
 # it left, then remove it, so that the machine is clean either way. The
