@@ -65,18 +65,7 @@ func benchPair(b *testing.B, wire string) (server dtl.Transport, client dtl.Tran
 	s := dtltest.NewSecret()
 	src = dtltest.NewSource(b.TempDir())
 	if wire == "tcp-transport" {
-		mk := func(node string) *tcp.Transport {
-			cfg := dtl.DefaultConfig()
-			cfg.Node, cfg.Listen, cfg.Secret = node, "127.0.0.1:0", s
-			cfg.Log = slog.New(slog.DiscardHandler)
-			tr, err := tcp.New(cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { tr.Close() })
-			return tr
-		}
-		server, client = mk("server"), mk("client")
+		server, client = tcpTransport(b, "server", s), tcpTransport(b, "client", s)
 	} else {
 		server, _ = testTransport(b, s, opts{tls: wire})
 		client, _ = testTransport(b, s, opts{tls: wire})
@@ -85,6 +74,20 @@ func benchPair(b *testing.B, wire string) (server dtl.Transport, client dtl.Tran
 		b.Fatal(err)
 	}
 	return server, client, src
+}
+
+// tcpTransport is a TCP transport on loopback, closed at the end of the
+// benchmark.
+func tcpTransport(b *testing.B, node string, secret []byte) *tcp.Transport {
+	cfg := dtl.DefaultConfig()
+	cfg.Node, cfg.Listen, cfg.Secret = node, "127.0.0.1:0", secret
+	cfg.Log = slog.New(slog.DiscardHandler)
+	tr, err := tcp.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { tr.Close() })
+	return tr
 }
 
 var benchWires = []struct{ name, tls string }{
@@ -178,14 +181,17 @@ func measureFetches(b *testing.B, client dtl.Transport, addr, p string, size, pa
 }
 
 func BenchmarkFetch64MiB(b *testing.B) {
-	// UCX's own baseline on this host, for each UCX_TLS the transport
+	// UCX's own baselines on this host, for each UCX_TLS the transport
 	// runs with, in both of ucx_perftest's error modes (dyadfs's
 	// endpoints handle peer errors, as -e does).
 	if _, err := exec.LookPath("ucx_perftest"); err == nil {
+		lo := [2]string{"lo", "lo"}
 		for _, tls := range []string{"tcp", "sm,tcp"} {
-			plain := perftestBW(b, nil, "127.0.0.1", tls, [2]string{"lo", "lo"}, "")
-			peer := perftestBW(b, nil, "127.0.0.1", tls, [2]string{"lo", "lo"}, "-e")
+			plain := perftest(b, nil, "127.0.0.1", tls, lo, "ucp_am_bw", "")
+			peer := perftest(b, nil, "127.0.0.1", tls, lo, "ucp_am_bw", "-e")
 			fmt.Printf("ucx_perftest ucp_am_bw 1 MiB on one host (UCX_TLS=%s): %.0f MB/s, with peer error handling (-e) %.0f MB/s\n", tls, plain, peer)
+			lat := perftest(b, nil, "127.0.0.1", tls, lo, "ucp_am_lat", "-e")
+			fmt.Printf("ucx_perftest ucp_am_lat 4 KiB on one host (UCX_TLS=%s, -e): %.1f µs one way (p50)\n", tls, lat)
 		}
 	}
 	for _, w := range benchWires {
@@ -256,8 +262,8 @@ func BenchmarkFetchNetns(b *testing.B) {
 	// which lead each side to itself.
 	ends := [2]string{n.hostIf, "eth0"}
 	// Once, not per round of each sub-benchmark.
-	plain := perftestBW(b, enter, n.nsIP, "tcp", ends, "")
-	peer := perftestBW(b, enter, n.nsIP, "tcp", ends, "-e")
+	plain := perftest(b, enter, n.nsIP, "tcp", ends, "ucp_am_bw", "")
+	peer := perftest(b, enter, n.nsIP, "tcp", ends, "ucp_am_bw", "-e")
 	best := max(plain, peer)
 	fmt.Printf("ucx_perftest ucp_am_bw 1 MiB between the namespaces (UCX_TLS=tcp): %.0f MB/s, with peer error handling (-e) %.0f MB/s\n", plain, peer)
 	for _, w := range []struct{ name, transport string }{{"ucx-tcp", ""}, {"tcp-transport", "tcp"}} {
@@ -275,15 +281,7 @@ func BenchmarkFetchNetns(b *testing.B) {
 			}
 			var client dtl.Transport
 			if w.transport == "tcp" {
-				cfg := dtl.DefaultConfig()
-				cfg.Node, cfg.Listen, cfg.Secret = "client", "127.0.0.1:0", s
-				cfg.Log = slog.New(slog.DiscardHandler)
-				tr, err := tcp.New(cfg)
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { tr.Close() })
-				client = tr
+				client = tcpTransport(b, "client", s)
 			} else {
 				client, _ = testTransport(b, s, opts{tls: "tcp", ucx: map[string]string{"NET_DEVICES": ends[0]}})
 			}
@@ -296,17 +294,18 @@ func BenchmarkFetchNetns(b *testing.B) {
 	}
 }
 
-// perftestBW runs ucx_perftest's ucp_am_bw with 1 MiB messages between a
-// server started under enter (in a namespace; nothing: here) at ip and a
-// client here, with UCX_TLS=tls on the network devices ends (the
-// client's, the server's), and returns its overall bandwidth in MB/s
-// (10^6 bytes; it prints MiB/s). flag is "-e" for endpoints that handle
-// peer errors, as dyadfs's do, or "".
-func perftestBW(b *testing.B, enter []string, ip, tls string, ends [2]string, flag string) float64 {
+// perftest runs ucx_perftest's test (ucp_am_bw with 1 MiB messages, or
+// ucp_am_lat with 4 KiB ones) between a server started under enter (in a
+// namespace; nothing: here) at ip and a client here, with UCX_TLS=tls on
+// the network devices ends (the client's, the server's), and returns its
+// overall bandwidth in MB/s (10^6 bytes; it prints MiB/s) or its median
+// one-way latency in µs. flag is "-e" for endpoints that handle peer
+// errors, as dyadfs's do, or "".
+func perftest(b *testing.B, enter []string, ip, tls string, ends [2]string, test, flag string) float64 {
 	b.Helper()
 	// A server serves one run; a new one (on a new port) for each try.
 	for range 5 {
-		if v, ok := perftestOnce(b, enter, ip, tls, ends, flag); ok {
+		if v, ok := perftestOnce(b, enter, ip, tls, ends, test, flag); ok {
 			return v
 		}
 	}
@@ -314,7 +313,7 @@ func perftestBW(b *testing.B, enter []string, ip, tls string, ends [2]string, fl
 	return 0
 }
 
-func perftestOnce(b *testing.B, enter []string, ip, tls string, ends [2]string, flag string) (float64, bool) {
+func perftestOnce(b *testing.B, enter []string, ip, tls string, ends [2]string, test, flag string) (float64, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var p [2]byte
@@ -334,7 +333,11 @@ func perftestOnce(b *testing.B, enter []string, ip, tls string, ends [2]string, 
 	defer func() { cancel(); <-exited }()
 	for {
 		// Bounded by ctx: a client whose server went away spins.
-		cmd := exec.CommandContext(ctx, "ucx_perftest", append(args, ip, "-t", "ucp_am_bw", "-s", "1048576", "-n", "2000")...)
+		size, iters, col, scale := "1048576", "2000", 6, 1.048576 // bandwidth, overall; MiB/s to MB/s
+		if test == "ucp_am_lat" {
+			size, iters, col, scale = "4096", "10000", 2, 1 // latency, p50
+		}
+		cmd := exec.CommandContext(ctx, "ucx_perftest", append(args, ip, "-t", test, "-s", size, "-n", iters)...)
 		cmd.Env = append(os.Environ(), "UCX_TLS="+tls, "UCX_NET_DEVICES="+ends[0])
 		out, err := cmd.CombinedOutput()
 		if err == nil {
@@ -344,8 +347,8 @@ func perftestOnce(b *testing.B, enter []string, ip, tls string, ends [2]string, 
 			for _, line := range strings.Split(string(out), "\n") {
 				f := strings.Fields(line)
 				if len(f) == 9 && f[0] == "Final:" {
-					if v, err := strconv.ParseFloat(f[6], 64); err == nil {
-						return v * 1.048576, true
+					if v, err := strconv.ParseFloat(f[col], 64); err == nil {
+						return v * scale, true
 					}
 				}
 			}
