@@ -240,9 +240,22 @@ func waitExit(pid int, limit time.Duration) bool {
 		return true // already gone
 	}
 	defer unix.Close(fd)
-	n, _ := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(limit.Milliseconds()))
-	if n != 1 {
-		return false
+	// The Go runtime's preemption signals interrupt poll: retry EINTR with
+	// what is left of the limit.
+	deadline := time.Now().Add(limit)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return false
+		}
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(left.Milliseconds())+1)
+		if err == unix.EINTR {
+			continue
+		}
+		if n != 1 {
+			return false
+		}
+		break
 	}
 	var ws unix.WaitStatus
 	unix.Wait4(pid, &ws, unix.WNOHANG, nil)
