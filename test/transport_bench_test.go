@@ -1,8 +1,6 @@
 package test
 
 import (
-	"crypto/rand"
-	"encoding/binary"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dyadfs/dyadfs/internal/ucxperf"
 )
 
 // BenchmarkClusterTransports compares the data transports between the same
@@ -152,9 +152,7 @@ func storageWrite(b testing.TB, n *node, count int, size int64) float64 {
 // prints MiB/s) or, for a latency test, its median one-way latency in µs.
 func ucxPerftest(b testing.TB, a, n *node, test string, size, iters int) float64 {
 	b.Helper()
-	var p [2]byte
-	rand.Read(p[:])
-	port := strconv.Itoa(20000 + int(binary.BigEndian.Uint16(p[:]))%20000)
+	port := ucxperf.Port()
 	// Both ends on the nodes' eth0: left to choose, UCX would also pair
 	// the two namespaces' loopback interfaces, which lead each to itself.
 	server := exec.Command("ip", "netns", "exec", n.netns, "env", "UCX_TLS=tcp", "UCX_NET_DEVICES=eth0", "ucx_perftest", "-p", port)
@@ -173,24 +171,8 @@ func ucxPerftest(b testing.TB, a, n *node, test string, size, iters int) float64
 		}
 		return strings.Contains(out, "Final:")
 	})
-	// Final: iterations, latency p50, average, overall, bandwidth
-	// average, overall, message rate average, overall.
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 9 && f[0] == "Final:" {
-			i := 6 // bandwidth, overall
-			if strings.HasSuffix(test, "_lat") {
-				i = 2 // latency, 50th percentile
-			}
-			v, err := strconv.ParseFloat(f[i], 64)
-			if err != nil {
-				b.Fatalf("ucx_perftest %s: %q", test, line)
-			}
-			if i == 6 {
-				v *= 1.048576 // MiB/s to MB/s
-			}
-			return v
-		}
+	if v, ok := ucxperf.Result(test, out); ok {
+		return v
 	}
 	b.Fatalf("ucx_perftest %s: no result in\n%s", test, out)
 	return 0

@@ -5,15 +5,12 @@ package ucx
 import (
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,6 +20,7 @@ import (
 	"github.com/dyadfs/dyadfs/dtl/dtltest"
 	"github.com/dyadfs/dyadfs/dtl/tcp"
 	"github.com/dyadfs/dyadfs/internal/digest"
+	"github.com/dyadfs/dyadfs/internal/ucxperf"
 )
 
 // Benchmarks of whole fetches (a file of the Source into a new file, as
@@ -316,10 +314,7 @@ func perftest(b *testing.B, enter []string, ip, tls string, ends [2]string, test
 func perftestOnce(b *testing.B, enter []string, ip, tls string, ends [2]string, test, flag string) (float64, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	var p [2]byte
-	rand.Read(p[:])
-	port := strconv.Itoa(20000 + int(binary.BigEndian.Uint16(p[:]))%20000)
-	args := []string{"-p", port}
+	args := []string{"-p", ucxperf.Port()}
 	if flag != "" {
 		args = append(args, flag)
 	}
@@ -331,26 +326,18 @@ func perftestOnce(b *testing.B, enter []string, ip, tls string, ends [2]string, 
 	exited := make(chan struct{})
 	go func() { server.Wait(); close(exited) }()
 	defer func() { cancel(); <-exited }()
+	size, iters := "1048576", "2000"
+	if test == "ucp_am_lat" {
+		size, iters = "4096", "10000"
+	}
 	for {
 		// Bounded by ctx: a client whose server went away spins.
-		size, iters, col, scale := "1048576", "2000", 6, 1.048576 // bandwidth, overall; MiB/s to MB/s
-		if test == "ucp_am_lat" {
-			size, iters, col, scale = "4096", "10000", 2, 1 // latency, p50
-		}
 		cmd := exec.CommandContext(ctx, "ucx_perftest", append(args, ip, "-t", test, "-s", size, "-n", iters)...)
 		cmd.Env = append(os.Environ(), "UCX_TLS="+tls, "UCX_NET_DEVICES="+ends[0])
 		out, err := cmd.CombinedOutput()
 		if err == nil {
-			// Final: iterations, latency p50, average, overall,
-			// bandwidth average, overall, message rate average,
-			// overall.
-			for _, line := range strings.Split(string(out), "\n") {
-				f := strings.Fields(line)
-				if len(f) == 9 && f[0] == "Final:" {
-					if v, err := strconv.ParseFloat(f[col], 64); err == nil {
-						return v * scale, true
-					}
-				}
+			if v, ok := ucxperf.Result(test, string(out)); ok {
+				return v, true
 			}
 			b.Logf("ucx_perftest: no result in\n%s", out)
 			return 0, false
