@@ -286,16 +286,7 @@ func TestMessageTrailingBytes(t *testing.T) {
 // server that announces one id with a proof made for another is refused.
 func TestServerNodeBound(t *testing.T) {
 	secret := dtltest.NewSecret()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
+	addr := acceptLoop(t, func(c net.Conn, _ func(net.Conn)) {
 		defer c.Close()
 		br := bufio.NewReader(c)
 		var buf []byte
@@ -311,9 +302,9 @@ func TestServerNodeBound(t *testing.T) {
 		ch.MAC = peerauth.Sign(secret, labelServer, peerauth.Proof{ClientNonce: h.Nonce, ServerNonce: ch.Nonce, ClientNode: h.Node, ServerNode: "impostor"})
 		c.Write(appendChallenge(nil, ch))
 		readFrame(br, &buf)
-	}()
+	})
 	client, _ := newTransport(t, secret, opts{})
-	_, err = client.Message(ctxFor(t), ln.Addr().String(), "owner", []byte("x"))
+	_, err := client.Message(ctxFor(t), addr, "owner", []byte("x"))
 	if !errors.Is(err, dtl.ErrUnauthorized) {
 		t.Errorf("got %v, want %v", err, dtl.ErrUnauthorized)
 	}

@@ -531,23 +531,14 @@ func TestServerWithoutSecret(t *testing.T) {
 // TestVersionRefusedByServer: a client told that its version is not spoken
 // reports a protocol error naming the server's versions.
 func TestVersionRefusedByServer(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
+	addr := acceptLoop(t, func(c net.Conn, _ func(net.Conn)) {
 		defer c.Close()
 		var buf []byte
 		readFrame(bufio.NewReader(c), &buf)
 		c.Write(appendError(nil, errFrame{Code: dtl.CodeVersion, Versions: []uint16{7, 8}, Msg: "speak 7 or 8"}))
-	}()
+	})
 	client, _ := newTransport(t, dtltest.NewSecret(), opts{})
-	_, err = client.Fetch(ctxFor(t), ln.Addr().String(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
+	_, err := client.Fetch(ctxFor(t), addr, dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
 	if !errors.Is(err, dtl.ErrProtocol) || !strings.Contains(err.Error(), "[7 8]") {
 		t.Errorf("got %v, want a protocol error naming versions 7 and 8", err)
 	}
