@@ -1,13 +1,13 @@
 package test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -152,28 +152,16 @@ func storageWrite(b testing.TB, n *node, count int, size int64) float64 {
 // prints MiB/s) or, for a latency test, its median one-way latency in µs.
 func ucxPerftest(b testing.TB, a, n *node, test string, size, iters int) float64 {
 	b.Helper()
-	port := ucxperf.Port()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 	// Both ends on the nodes' eth0: left to choose, UCX would also pair
 	// the two namespaces' loopback interfaces, which lead each to itself.
-	server := exec.Command("ip", "netns", "exec", n.netns, "env", "UCX_TLS=tcp", "UCX_NET_DEVICES=eth0", "ucx_perftest", "-p", port)
-	if err := server.Start(); err != nil {
+	v, err := ucxperf.Measure(ctx, ucxperf.Run{
+		ServerEnter: []string{"ip", "netns", "exec", n.netns}, ClientEnter: []string{"ip", "netns", "exec", a.netns},
+		IP: n.ip, TLS: "tcp", Devices: [2]string{"eth0", "eth0"}, Test: test, Size: size, Iters: iters,
+	})
+	if err != nil {
 		b.Fatal(err)
 	}
-	defer func() { server.Process.Kill(); server.Wait() }()
-	var out string
-	eventually(b, "ucx_perftest "+test, func() bool {
-		var err error
-		out, err = a.c.inNet(a.netns, "env", "UCX_TLS=tcp", "UCX_NET_DEVICES=eth0", "ucx_perftest", n.ip, "-p", port, "-t", test,
-			"-s", strconv.Itoa(size), "-n", strconv.Itoa(iters))
-		if err != nil {
-			time.Sleep(200 * time.Millisecond)
-			return false
-		}
-		return strings.Contains(out, "Final:")
-	})
-	if v, ok := ucxperf.Result(test, out); ok {
-		return v
-	}
-	b.Fatalf("ucx_perftest %s: no result in\n%s", test, out)
-	return 0
+	return v
 }

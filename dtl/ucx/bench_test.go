@@ -296,59 +296,22 @@ func BenchmarkFetchNetns(b *testing.B) {
 // ucp_am_lat with 4 KiB ones) between a server started under enter (in a
 // namespace; nothing: here) at ip and a client here, with UCX_TLS=tls on
 // the network devices ends (the client's, the server's), and returns its
-// overall bandwidth in MB/s (10^6 bytes; it prints MiB/s) or its median
-// one-way latency in µs. flag is "-e" for endpoints that handle peer
-// errors, as dyadfs's do, or "".
+// overall bandwidth in MB/s or its median one-way latency in µs. flag is
+// "-e" for endpoints that handle peer errors, as dyadfs's do, or "".
 func perftest(b *testing.B, enter []string, ip, tls string, ends [2]string, test, flag string) float64 {
 	b.Helper()
-	// A server serves one run; a new one (on a new port) for each try.
-	for range 5 {
-		if v, ok := perftestOnce(b, enter, ip, tls, ends, test, flag); ok {
-			return v
-		}
+	r := ucxperf.Run{ServerEnter: enter, IP: ip, TLS: tls, Devices: ends, Test: test, Size: 1 << 20, Iters: 2000}
+	if test == "ucp_am_lat" {
+		r.Size, r.Iters = 4096, 10000
 	}
-	b.Fatal("ucx_perftest: no run completed")
-	return 0
-}
-
-func perftestOnce(b *testing.B, enter []string, ip, tls string, ends [2]string, test, flag string) (float64, bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	args := []string{"-p", ucxperf.Port()}
 	if flag != "" {
-		args = append(args, flag)
+		r.Flags = []string{flag}
 	}
-	argv := append(append(append([]string{}, enter...), "env", "UCX_TLS="+tls, "UCX_NET_DEVICES="+ends[1], "ucx_perftest"), args...)
-	server := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	if err := server.Start(); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	v, err := ucxperf.Measure(ctx, r)
+	if err != nil {
 		b.Fatal(err)
 	}
-	exited := make(chan struct{})
-	go func() { server.Wait(); close(exited) }()
-	defer func() { cancel(); <-exited }()
-	size, iters := "1048576", "2000"
-	if test == "ucp_am_lat" {
-		size, iters = "4096", "10000"
-	}
-	for {
-		// Bounded by ctx: a client whose server went away spins.
-		cmd := exec.CommandContext(ctx, "ucx_perftest", append(args, ip, "-t", test, "-s", size, "-n", iters)...)
-		cmd.Env = append(os.Environ(), "UCX_TLS="+tls, "UCX_NET_DEVICES="+ends[0])
-		out, err := cmd.CombinedOutput()
-		if err == nil {
-			if v, ok := ucxperf.Result(test, string(out)); ok {
-				return v, true
-			}
-			b.Logf("ucx_perftest: no result in\n%s", out)
-			return 0, false
-		}
-		select {
-		case <-exited:
-			b.Logf("ucx_perftest: %v\n%s\nserver: %v", err, out, server.ProcessState)
-			return 0, false
-		case <-ctx.Done():
-			return 0, false
-		case <-time.After(200 * time.Millisecond): // not listening yet
-		}
-	}
+	return v
 }

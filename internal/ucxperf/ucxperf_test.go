@@ -1,6 +1,11 @@
 package ucxperf
 
-import "testing"
+import (
+	"context"
+	"os/exec"
+	"testing"
+	"time"
+)
 
 func TestResult(t *testing.T) {
 	const out = `+--------------+--------------+------------------------------+---------------------+-----------------------+
@@ -21,5 +26,24 @@ Final:                  2000     4.125   470.123   470.123     2127.13     2127.
 	}
 	if p := Port(); p < "20000" || p > "39999" || len(p) != 5 {
 		t.Errorf("port %q", p)
+	}
+}
+
+// TestMeasure runs ucx_perftest on loopback, as the benchmarks run it
+// between namespaces.
+func TestMeasure(t *testing.T) {
+	if _, err := exec.LookPath("ucx_perftest"); err != nil {
+		t.Skip("skipping: ucx_perftest is not installed (Debian: ucx-utils; scripts/setup.sh installs it)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := Run{IP: "127.0.0.1", TLS: "tcp", Devices: [2]string{"lo", "lo"}, Test: "ucp_am_lat", Size: 4096, Iters: 1000, Flags: []string{"-e"}}
+	v, err := Measure(ctx, r)
+	if err != nil || v <= 0 {
+		t.Fatalf("latency %v, %v", v, err)
+	}
+	r.Test, r.Size, r.Iters = "ucp_am_bw", 1<<20, 200
+	if v, err := Measure(ctx, r); err != nil || v <= 0 {
+		t.Fatalf("bandwidth %v, %v", v, err)
 	}
 }
