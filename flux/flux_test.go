@@ -57,6 +57,14 @@ func TestHandle(t *testing.T) {
 		if err := h1.WaitVersion(ctx, "fluxtest", seq); err != nil {
 			t.Fatal(err)
 		}
+		for _, rank := range []uint32{0, flux.NodeAny} {
+			if got, err := h1.RootSeq(ctx, "fluxtest", rank); err != nil || got != seq {
+				t.Fatalf("root sequence from rank 1 of rank %d's broker: %d, %v; want %d", rank, got, err, seq)
+			}
+		}
+		if _, err := h1.RootSeq(ctx, "fluxtest-none", 0); !errors.Is(err, syscall.EOPNOTSUPP) {
+			t.Fatalf("root sequence of a namespace that is not there: %v, want EOPNOTSUPP", err)
+		}
 		if v, err := h1.Lookup(ctx, "fluxtest", "d.a"); err != nil || string(v) != "one" {
 			t.Fatalf("lookup on rank 1: %q, %v", v, err)
 		}

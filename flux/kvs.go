@@ -9,7 +9,9 @@ package flux
 import "C"
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"syscall"
@@ -287,6 +289,28 @@ func (h *Handle) WaitVersion(ctx context.Context, ns string, version int) error 
 		f, err := C.flux_rpc(h.h, topic, cp, C.FLUX_NODEID_ANY, 0)
 		return f, err
 	})
+}
+
+// RootSeq returns the root sequence of namespace ns as the broker of rank
+// sees it (NodeAny: this rank's broker). Asking this rank's broker about a
+// namespace it does not know yet makes it load the namespace's root and
+// subscribe to its changes.
+func (h *Handle) RootSeq(ctx context.Context, ns string, rank uint32) (int, error) {
+	if ns == "" {
+		ns = "primary"
+	}
+	payload := fmt.Sprintf(`{"namespace":%q,"flags":0}`, ns)
+	raw, err := h.RPC(ctx, "kvs.getroot", rank, append([]byte(payload), 0), 0)
+	if err != nil {
+		return 0, err
+	}
+	var ans struct {
+		Seq int `json:"rootseq"`
+	}
+	if err := json.Unmarshal(bytes.TrimRight(raw, "\x00"), &ans); err != nil {
+		return 0, fmt.Errorf("kvs getroot %s: %w", ns, err)
+	}
+	return ans.Seq, nil
 }
 
 // simple runs an operation whose future carries no result but success.

@@ -56,6 +56,9 @@ func (h *Handle) RemoveNamespace(ctx context.Context, ns string) error { return 
 func (h *Handle) WaitVersion(ctx context.Context, ns string, version int) error {
 	return ErrNotBuilt
 }
+func (h *Handle) RootSeq(ctx context.Context, ns string, rank uint32) (int, error) {
+	return 0, ErrNotBuilt
+}
 func (h *Handle) Serve(ctx context.Context, name string) (*Service, error) { return nil, ErrNotBuilt }
 func (h *Handle) RPC(ctx context.Context, topic string, nodeid uint32, payload []byte, timeout time.Duration) ([]byte, error) {
 	return nil, ErrNotBuilt

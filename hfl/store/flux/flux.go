@@ -10,6 +10,7 @@
 //	i.<bin>.<dir>.<bin>.<name>      the same record, in its directory's index
 //	v.<key>                         a value of PutIfAbsent or Register
 //	m.gen, m.records                the last generation, the number of records
+//	m.sync                          a count of catch-up commits (see catchUp)
 //
 // The bins (two hex digits of a hash, twice, for records; one for an
 // index's names) keep every KVS directory small: the KVS rewrites a whole
@@ -25,6 +26,15 @@
 // the commit's root sequence, which the writer's store waits for on its own
 // broker before it returns: a lookup after a publish sees it. Lookups,
 // listings and waits read the local broker's KVS directly.
+//
+// Catching up. A broker other than rank 0's learns of a namespace's
+// commits from events it subscribes to when it first loads the
+// namespace's root; a commit between that load and the subscription is
+// missed, and the broker's view stays behind until the next commit in the
+// namespace (flux-core 0.88, kvs getroot_completion). So the store makes
+// sure, once per namespace, that its broker is current (see fresh), and a
+// wait for a commit's version that does not end soon asks the serializer
+// for another commit (see catchUp).
 //
 // Liveness. A value Register stored belongs to the rank that stored it; it
 // is there while that rank's daemon is: the daemon's store serves a "ping"
@@ -91,6 +101,7 @@ type Store struct {
 	registered map[string]bool // keys this daemon registered (withdrawn at Close)
 	alive      map[uint32]aliveAt
 	ensured    map[string]bool // job namespaces known to exist
+	current    map[string]bool // job namespaces this rank's broker is known to follow
 }
 
 type aliveAt struct {
@@ -115,7 +126,7 @@ func Open(ctx context.Context, h *flux.Handle, cfg Config) (*Store, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Store{cfg: cfg, h: h, log: log, registered: make(map[string]bool),
-		alive: make(map[uint32]aliveAt), ensured: make(map[string]bool)}
+		alive: make(map[uint32]aliveAt), ensured: make(map[string]bool), current: make(map[string]bool)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if cfg.Client {
 		return s, nil
@@ -232,6 +243,7 @@ func valueKey(rest string) string { return "v." + esc(rest) }
 const (
 	genKey     = "m.gen"
 	recordsKey = "m.records"
+	syncKey    = "m.sync"
 )
 
 // notFound reports whether err from the KVS says the key (or the job's
@@ -294,8 +306,12 @@ func (s *Store) Lookup(ctx context.Context, key string) (store.Record, error) {
 	ns, rest := s.split(key)
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
+	if err := s.fresh(cctx, ns); err != nil {
+		return store.Record{}, s.fail(ctx, "lookup", key, err)
+	}
 	v, err := s.h.Lookup(cctx, ns, recKey(rest))
 	if notFound(err) {
+		s.forgetEnsured(ns, err)
 		return store.Record{}, store.ErrNotFound
 	}
 	if err != nil {
@@ -358,13 +374,78 @@ func (s *Store) ensure(ctx context.Context, ns string) error {
 	return nil
 }
 
-// forgetEnsured drops what ensure knew of ns when err says the namespace
-// is gone (a forget removed it): the next watch makes it again first.
+// forgetEnsured drops what ensure and fresh knew of ns when err says the
+// namespace is gone (a forget removed it): the next watch makes it again
+// first, and the next read checks this broker follows it.
 func (s *Store) forgetEnsured(ns string, err error) {
 	if errors.Is(err, syscall.EOPNOTSUPP) {
 		s.mu.Lock()
 		delete(s.ensured, ns)
+		delete(s.current, ns)
 		s.mu.Unlock()
+	}
+}
+
+// fresh makes sure, the first time this store reads namespace ns, that
+// this rank's broker follows its commits and has every commit made so
+// far: asking it for the root makes it load the root and subscribe; then
+// it is brought to rank 0's sequence (catchUp), since a commit between
+// its load and its subscription would be missed. Rank 0's broker commits
+// them all itself.
+func (s *Store) fresh(ctx context.Context, ns string) error {
+	s.mu.Lock()
+	ok := s.current[ns]
+	s.mu.Unlock()
+	if ok || s.h.Rank() == 0 {
+		return nil
+	}
+	if _, err := s.h.RootSeq(ctx, ns, flux.NodeAny); err != nil {
+		if notFound(err) {
+			return nil // no namespace yet: nothing to miss
+		}
+		return err
+	}
+	seq, err := s.h.RootSeq(ctx, ns, 0)
+	if err != nil {
+		if notFound(err) {
+			return nil
+		}
+		return err
+	}
+	return s.catchUp(ctx, ns, seq)
+}
+
+// catchUpPatience is how long a wait for a version goes on before the
+// store suspects its broker missed the commit's event and asks for
+// another commit; it doubles up to maxCatchUpPatience.
+const (
+	catchUpPatience    = 250 * time.Millisecond
+	maxCatchUpPatience = 2 * time.Second
+)
+
+// catchUp waits until this rank's broker has root sequence seq of ns. A
+// broker that missed the event of a commit learns of it with the next
+// one: when the wait lasts, the serializer is asked for a commit.
+func (s *Store) catchUp(ctx context.Context, ns string, seq int) error {
+	patience := catchUpPatience
+	for {
+		wctx, cancel := context.WithTimeout(ctx, patience)
+		err := s.h.WaitVersion(wctx, ns, seq)
+		late := wctx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if !late {
+			if err == nil {
+				s.mu.Lock()
+				s.current[ns] = true
+				s.mu.Unlock()
+			}
+			return err
+		}
+		s.log.Debug("flux store: this broker is behind the namespace; asking for a commit", "ns", ns, "seq", seq, "waited", patience)
+		if _, err := s.ask(ctx, writeReq{Op: opSync, NS: ns}); err != nil {
+			return err
+		}
+		patience = min(2*patience, maxCatchUpPatience)
 	}
 }
 
@@ -373,6 +454,12 @@ func (s *Store) forgetEnsured(ns string, err error) {
 // ctx ends.
 func (s *Store) watch(ctx context.Context, ns, rest, key string, after uint64) (rec store.Record, again bool, err error) {
 	if err := s.ensure(ctx, ns); err != nil {
+		return store.Record{}, false, s.fail(ctx, "wait for", key, err)
+	}
+	fctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	err = s.fresh(fctx, ns)
+	cancel()
+	if err != nil {
 		return store.Record{}, false, s.fail(ctx, "wait for", key, err)
 	}
 	events, err := s.h.Watch(ctx, ns, recKey(rest))
@@ -435,8 +522,12 @@ func (s *Store) ListDir(ctx context.Context, dir, after string, limit int) ([]st
 	}
 	ns, d := s.split(dir)
 	idir := indexDir(d)
+	if err := s.fresh(ctx, ns); err != nil {
+		return nil, s.fail(ctx, "list", dir, err)
+	}
 	bins, err := s.h.ListDir(ctx, ns, idir)
 	if notFound(err) {
+		s.forgetEnsured(ns, err)
 		return nil, nil
 	}
 	if err != nil {
@@ -538,6 +629,9 @@ func (s *Store) Register(ctx context.Context, key string, value []byte, ttl time
 // a dead daemon reads as store.ErrNotFound (and its raw form is returned,
 // for a claim to replace it).
 func (s *Store) liveValue(ctx context.Context, ns, vkey string) (registration, []byte, error) {
+	if err := s.fresh(ctx, ns); err != nil {
+		return registration{}, nil, err
+	}
 	raw, err := s.h.Lookup(ctx, ns, vkey)
 	if notFound(err) {
 		return registration{}, nil, store.ErrNotFound
@@ -602,6 +696,9 @@ func (s *Store) List(ctx context.Context, prefix string) (map[string][]byte, err
 	ns, rest := s.split(prefix)
 	job, _, _ := strings.Cut(prefix, "/")
 	out := make(map[string][]byte)
+	if err := s.fresh(ctx, ns); err != nil {
+		return nil, s.fail(ctx, "list", prefix, err)
+	}
 	names, err := s.h.ListDir(ctx, ns, "v")
 	if notFound(err) {
 		return out, nil
@@ -652,6 +749,9 @@ func (s *Store) Health(ctx context.Context, namespace string) (store.Health, err
 	var h store.Health
 	h.Bytes, h.Quota = s.contentSize(ctx)
 	ns := s.cfg.Prefix + esc(namespace)
+	if err := s.fresh(ctx, ns); err != nil {
+		return store.Health{}, s.fail(ctx, "health", namespace, err)
+	}
 	v, err := s.h.Lookup(ctx, ns, recordsKey)
 	if notFound(err) {
 		return h, nil
@@ -705,6 +805,9 @@ func (s *Store) Forget(ctx context.Context, namespace string, page int, progress
 	default:
 		return 0, s.fail(ctx, "forget", namespace, err)
 	}
+	// The namespace is made again by the next write: it is new to this
+	// rank's broker then.
+	s.forgetEnsured(ns, syscall.EOPNOTSUPP)
 	if progress != nil {
 		progress(n)
 	}

@@ -108,3 +108,43 @@ func TestFluxHealthSize(t *testing.T) {
 		t.Fatalf("Health: %+v, %v; want 1 record, a database size and a larger quota", h, err)
 	}
 }
+
+// TestFluxPublishWhileBrokerLoadsNamespace: a rank's broker that first
+// loads a job's namespace while a commit is made there can miss that
+// commit's event (it subscribes after loading); a publish from that rank
+// must still return, and its lookup see the record, instead of waiting for
+// the next commit. Each round is a new namespace, read (a wait) and
+// written at once from rank 1; the race comes about in about one round in
+// a hundred.
+func TestFluxPublishWhileBrokerLoadsNamespace(t *testing.T) {
+	in := fluxtest.Start(t, 2)
+	h0, h1 := handle(t, in.URIs[0]), handle(t, in.URIs[1])
+	slot := store.Slot{Key: "job/f", Dir: "job/", Name: "f"}
+	for i := 0; i < 300; i++ {
+		name := fmt.Sprintf("load%d", i)
+		ser := open(t, h0, name)
+		s := open(t, h1, name)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		waited := make(chan error, 1)
+		go func() {
+			_, err := s.Wait(ctx, slot.Key, 0)
+			waited <- err
+		}()
+		out, err := s.Publish(ctx, slot, store.Record{Path: "f", Owner: "b", Size: 1, Mode: 0o100644})
+		if err == nil {
+			var got store.Record
+			if got, err = s.Lookup(ctx, slot.Key); err == nil && got.Generation != out.Generation {
+				err = fmt.Errorf("lookup after publish: generation %d, want %d", got.Generation, out.Generation)
+			}
+		}
+		if err == nil {
+			err = <-waited
+		}
+		cancel()
+		s.Close()
+		ser.Close()
+		if err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+	}
+}

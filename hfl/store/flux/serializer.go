@@ -25,6 +25,9 @@ const (
 	opForget      = "forget"
 	// opEnsure makes the job's namespace, if it is not there.
 	opEnsure = "ensure"
+	// opSync commits a change of no meaning, so that a broker that
+	// missed a commit's event learns of it (see Store.catchUp).
+	opSync = "sync"
 )
 
 // writeReq is a write, as sent to the serializer.
@@ -55,9 +58,24 @@ type writeAns struct {
 }
 
 // write sends w to the serializer on rank 0 and, once it answered, waits
-// until this rank's broker has its commit. A serializer that is not there
-// yet (its daemon is starting) is asked again until the request timeout.
+// until this rank's broker has its commit.
 func (s *Store) write(ctx context.Context, w writeReq) (writeAns, error) {
+	ans, err := s.ask(ctx, w)
+	if err != nil {
+		return writeAns{}, err
+	}
+	if ans.Seq > 0 && w.Op != opForget {
+		if err := s.catchUp(ctx, w.NS, ans.Seq); err != nil {
+			return writeAns{}, err
+		}
+	}
+	return ans, nil
+}
+
+// ask sends w to the serializer on rank 0 and returns its answer. A
+// serializer that is not there yet (its daemon is starting) is asked again
+// until the request timeout.
+func (s *Store) ask(ctx context.Context, w writeReq) (writeAns, error) {
 	if s.ctx.Err() != nil {
 		return writeAns{}, store.ErrClosed
 	}
@@ -74,11 +92,6 @@ func (s *Store) write(ctx context.Context, w writeReq) (writeAns, error) {
 			var ans writeAns
 			if err := json.Unmarshal(raw, &ans); err != nil {
 				return writeAns{}, fmt.Errorf("flux store: the serializer's answer: %w", err)
-			}
-			if ans.Seq > 0 && w.Op != opForget {
-				if err := s.h.WaitVersion(ctx, w.NS, ans.Seq); err != nil {
-					return writeAns{}, err
-				}
 			}
 			return ans, nil
 		}
@@ -118,6 +131,7 @@ type pending struct {
 type nsState struct {
 	gen     uint64
 	records int64
+	syncs   uint64
 }
 
 func newSerializer(s *Store) *serializer {
@@ -177,6 +191,9 @@ func (z *serializer) run() {
 				continue
 			case opEnsure:
 				z.ensure(p)
+				continue
+			case opSync:
+				z.sync(p)
 				continue
 			}
 			if _, ok := byNS[p.w.NS]; !ok {
@@ -394,6 +411,26 @@ func (z *serializer) ensure(p pending) {
 		return
 	}
 	p.r.Respond([]byte("{}"))
+}
+
+// sync commits to a job's namespace a key that only counts syncs, so that
+// rank 0 announces a new root sequence.
+func (z *serializer) sync(p pending) {
+	ctx, cancel := z.ctx()
+	defer cancel()
+	st, err := z.load(ctx, p.w.NS)
+	if err != nil {
+		respondErr(p.r, err)
+		return
+	}
+	st.syncs++
+	seq, err := z.s.h.Commit(ctx, p.w.NS, []flux.Op{flux.Put(syncKey, []byte(strconv.FormatUint(st.syncs, 10)))})
+	if err != nil {
+		respondErr(p.r, err)
+		return
+	}
+	v, _ := json.Marshal(writeAns{Seq: seq})
+	p.r.Respond(v)
 }
 
 // forget removes a job's namespace, and answers how many keys went.
