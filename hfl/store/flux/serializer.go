@@ -25,8 +25,10 @@ const (
 	opForget      = "forget"
 	// opEnsure makes the job's namespace, if it is not there.
 	opEnsure = "ensure"
-	// opSync commits a change of no meaning, so that a broker that
-	// missed a commit's event learns of it (see Store.catchUp).
+	// opSync makes the batch it is in commit, with a change of no
+	// meaning if there is none other, so that a broker that missed a
+	// commit's event learns of it (see Store.catchUp); the syncs of many
+	// waiting writers make one commit.
 	opSync = "sync"
 )
 
@@ -192,9 +194,6 @@ func (z *serializer) run() {
 			case opEnsure:
 				z.ensure(p)
 				continue
-			case opSync:
-				z.sync(p)
-				continue
 			}
 			if _, ok := byNS[p.w.NS]; !ok {
 				order = append(order, p.w.NS)
@@ -272,6 +271,7 @@ func (z *serializer) commit(ns string, batch []pending) {
 	}
 	gen, records := st.gen, st.records
 	var ops []flux.Op
+	sync := false
 	type answer struct {
 		p   pending
 		ans writeAns
@@ -330,6 +330,8 @@ func (z *serializer) commit(ns string, batch []pending) {
 			}
 			ops = append(ops, flux.Put(w.Key, w.Value))
 			view[w.Key] = current{w.Value, true}
+		case opSync:
+			sync = true
 		case opUnregister:
 			var r registration
 			if cur.ok && json.Unmarshal(cur.value, &r) == nil && r.Rank != nil && *r.Rank == w.Rank {
@@ -342,6 +344,12 @@ func (z *serializer) commit(ns string, batch []pending) {
 		answers = append(answers, a)
 	}
 	seq := 0
+	if sync && len(ops) == 0 {
+		// Any commit announces a new root sequence; without other
+		// changes, one of a key that only counts them.
+		st.syncs++
+		ops = append(ops, flux.Put(syncKey, []byte(strconv.FormatUint(st.syncs, 10))))
+	}
 	if len(ops) > 0 {
 		ops = append(ops, flux.Put(genKey, []byte(strconv.FormatUint(gen, 10))),
 			flux.Put(recordsKey, []byte(strconv.FormatInt(records, 10))))
@@ -411,26 +419,6 @@ func (z *serializer) ensure(p pending) {
 		return
 	}
 	p.r.Respond([]byte("{}"))
-}
-
-// sync commits to a job's namespace a key that only counts syncs, so that
-// rank 0 announces a new root sequence.
-func (z *serializer) sync(p pending) {
-	ctx, cancel := z.ctx()
-	defer cancel()
-	st, err := z.load(ctx, p.w.NS)
-	if err != nil {
-		respondErr(p.r, err)
-		return
-	}
-	st.syncs++
-	seq, err := z.s.h.Commit(ctx, p.w.NS, []flux.Op{flux.Put(syncKey, []byte(strconv.FormatUint(st.syncs, 10)))})
-	if err != nil {
-		respondErr(p.r, err)
-		return
-	}
-	v, _ := json.Marshal(writeAns{Seq: seq})
-	p.r.Respond(v)
 }
 
 // forget removes a job's namespace, and answers how many keys went.
