@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/dtl/dtltest"
 	"github.com/dyadfs/dyadfs/internal/digest"
 )
 
@@ -65,22 +66,13 @@ func TestSinkCopyFrom(t *testing.T) {
 			data[i] = byte(rand.Uint32())
 		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
+	addr := dtltest.AcceptLoop(t, func(c net.Conn, _ func(net.Conn)) {
 		defer c.Close()
 		for _, e := range extents {
 			c.Write(data[e[0]:e[1]])
 		}
-	}()
-	conn, err := net.Dial("tcp", ln.Addr().String())
+	})
+	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}

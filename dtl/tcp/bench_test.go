@@ -137,17 +137,7 @@ func benchMessage(b *testing.B, size int, parallel bool) {
 // size-byte answer, each a 5-byte header and its payload in one write,
 // over a bare loopback connection.
 func benchPingPong(b *testing.B, size int) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
+	addr := dtltest.AcceptLoop(b, func(c net.Conn, _ func(net.Conn)) {
 		br := bufio.NewReaderSize(c, bufSize)
 		var buf []byte
 		out := appendReply(nil, make([]byte, size))
@@ -159,8 +149,8 @@ func benchPingPong(b *testing.B, size int) {
 				return
 			}
 		}
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
+	})
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -286,7 +286,7 @@ func TestMessageTrailingBytes(t *testing.T) {
 // server that announces one id with a proof made for another is refused.
 func TestServerNodeBound(t *testing.T) {
 	secret := dtltest.NewSecret()
-	addr := acceptLoop(t, func(c net.Conn, _ func(net.Conn)) {
+	addr := dtltest.AcceptLoop(t, func(c net.Conn, _ func(net.Conn)) {
 		defer c.Close()
 		br := bufio.NewReader(c)
 		var buf []byte

@@ -451,7 +451,7 @@ func (l lyingSource) OpenPublished(ctx context.Context, req dtl.Request) (*os.Fi
 // damaged on the wire that TCP's own checksum missed.
 func flipProxy(t *testing.T, target string, at int64) string {
 	t.Helper()
-	return acceptLoop(t, func(c net.Conn, track func(net.Conn)) {
+	return dtltest.AcceptLoop(t, func(c net.Conn, track func(net.Conn)) {
 		defer c.Close()
 		s, err := net.Dial("tcp", target)
 		if err != nil {

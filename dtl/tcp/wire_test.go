@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -316,7 +315,7 @@ func fakeServer(t *testing.T, secret []byte, handle func(c net.Conn, br *bufio.R
 // its first request frame, whatever it is.
 func fakeServerFrames(t *testing.T, secret []byte, node string, handle func(c net.Conn, br *bufio.Reader, typ frameType, p []byte)) string {
 	t.Helper()
-	return acceptLoop(t, func(c net.Conn, track func(net.Conn)) {
+	return dtltest.AcceptLoop(t, func(c net.Conn, track func(net.Conn)) {
 		defer c.Close()
 		br := bufio.NewReader(c)
 		var buf []byte
@@ -341,47 +340,6 @@ func fakeServerFrames(t *testing.T, secret []byte, node string, handle func(c ne
 		}
 		handle(c, br, typ, p)
 	})
-}
-
-// acceptLoop listens on loopback and serves each connection with serve on
-// a goroutine of its own; track makes serve's other connections closed
-// with the test too. Everything ends with the test.
-func acceptLoop(t *testing.T, serve func(c net.Conn, track func(net.Conn))) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	track := func(c net.Conn) {
-		mu.Lock()
-		conns = append(conns, c)
-		mu.Unlock()
-	}
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			track(c)
-			wg.Go(func() { serve(c, track) })
-		}
-	})
-	return ln.Addr().String()
 }
 
 // hold keeps a connection open, sending nothing, until the test ends.
@@ -531,7 +489,7 @@ func TestServerWithoutSecret(t *testing.T) {
 // TestVersionRefusedByServer: a client told that its version is not spoken
 // reports a protocol error naming the server's versions.
 func TestVersionRefusedByServer(t *testing.T) {
-	addr := acceptLoop(t, func(c net.Conn, _ func(net.Conn)) {
+	addr := dtltest.AcceptLoop(t, func(c net.Conn, _ func(net.Conn)) {
 		defer c.Close()
 		var buf []byte
 		readFrame(bufio.NewReader(c), &buf)
