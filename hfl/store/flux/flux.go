@@ -379,11 +379,24 @@ func (s *Store) ensure(ctx context.Context, ns string) error {
 // first, and the next read checks this broker follows it.
 func (s *Store) forgetEnsured(ns string, err error) {
 	if errors.Is(err, syscall.EOPNOTSUPP) {
-		s.mu.Lock()
-		delete(s.ensured, ns)
-		delete(s.current, ns)
-		s.mu.Unlock()
+		s.forgetNamespace(ns)
 	}
+}
+
+// forgetNamespace drops what ensure and fresh knew of ns.
+func (s *Store) forgetNamespace(ns string) {
+	s.mu.Lock()
+	delete(s.ensured, ns)
+	delete(s.current, ns)
+	s.mu.Unlock()
+}
+
+// followed records that this rank's broker has every commit of ns and
+// follows it.
+func (s *Store) followed(ns string) {
+	s.mu.Lock()
+	s.current[ns] = true
+	s.mu.Unlock()
 }
 
 // fresh makes sure, the first time this store reads namespace ns, that
@@ -399,18 +412,22 @@ func (s *Store) fresh(ctx context.Context, ns string) error {
 	if ok || s.h.Rank() == 0 {
 		return nil
 	}
-	if _, err := s.h.RootSeq(ctx, ns, flux.NodeAny); err != nil {
+	here, err := s.h.RootSeq(ctx, ns, flux.NodeAny)
+	if err != nil {
 		if notFound(err) {
 			return nil // no namespace yet: nothing to miss
 		}
 		return err
 	}
 	seq, err := s.h.RootSeq(ctx, ns, 0)
-	if err != nil {
-		if notFound(err) {
-			return nil
-		}
+	switch {
+	case notFound(err):
+		return nil
+	case err != nil:
 		return err
+	case here >= seq:
+		s.followed(ns)
+		return nil
 	}
 	return s.catchUp(ctx, ns, seq)
 }
@@ -435,9 +452,7 @@ func (s *Store) catchUp(ctx context.Context, ns string, seq int) error {
 		cancel()
 		if !late {
 			if err == nil {
-				s.mu.Lock()
-				s.current[ns] = true
-				s.mu.Unlock()
+				s.followed(ns)
 			}
 			return err
 		}
@@ -807,7 +822,7 @@ func (s *Store) Forget(ctx context.Context, namespace string, page int, progress
 	}
 	// The namespace is made again by the next write: it is new to this
 	// rank's broker then.
-	s.forgetEnsured(ns, syscall.EOPNOTSUPP)
+	s.forgetNamespace(ns)
 	if progress != nil {
 		progress(n)
 	}
