@@ -66,7 +66,13 @@ func TestNetworkBackingWarns(t *testing.T) {
 			if logged != c.warned {
 				t.Fatalf("the log warns %v, want %v:\n%s", logged, c.warned, readFile(logFile))
 			}
-			mustSh(t, mnt, "echo hi > f && cat f >/dev/null")
+			// The shell changes into the mount itself: a child whose
+			// working directory is set before exec does the chdir
+			// while this process, which serves the backing's
+			// filesystem, is frozen in its fork (the forking thread
+			// keeps its P and a stop of the world waits for it); the
+			// daemon, asking that filesystem, would never be answered.
+			mustSh(t, "", "cd '"+mnt+"' && echo hi > f && cat f >/dev/null")
 		})
 	}
 }
