@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dyadfs/dyadfs/internal/digest"
+	"github.com/dyadfs/dyadfs/internal/pagecache"
 )
 
 // Sink is where a transport puts a file it receives: a temporary file,
@@ -34,31 +35,13 @@ func (s *Sink) InOrder() {
 	s.mu.Unlock()
 }
 
-// writePiece bounds one write into the file. The kernel gives a new
-// file's page cache folios as large as the write that fills them, and on
-// a virtual machine whose balloon takes back free memory (free page
-// reporting, 2 MiB blocks), folios of 1 MiB come from memory the host has
-// to back again on first touch: measured on the CI machines (Linux 6.18,
-// ext4), 20 new 64 MiB files took 1 MiB writes at 0.75 GB/s and the same
-// bytes in 512 KiB writes at 5.6 GB/s (256 KiB: 3.6-4.1 GB/s). Elsewhere
-// the extra system call per MiB costs nothing measurable.
-const writePiece = 512 << 10
-
-// WriteAt writes p at off, in pieces of at most writePiece that end on
-// its multiples.
+// WriteAt writes p at off (in pieces the page cache takes fast, see
+// pagecache).
 func (s *Sink) WriteAt(p []byte, off int64) (int, error) {
 	if s == nil || s.f == nil {
 		return 0, errNoSink
 	}
-	var n int
-	var err error
-	for n < len(p) && err == nil {
-		at := off + int64(n)
-		end := min(len(p), n+int(writePiece-at%writePiece))
-		var k int
-		k, err = s.f.WriteAt(p[n:end], at)
-		n += k
-	}
+	n, err := pagecache.WriteAt(s.f, p, off)
 	s.mu.Lock()
 	s.t.Wrote(p[:n], off)
 	s.mu.Unlock()

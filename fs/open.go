@@ -15,6 +15,7 @@ import (
 	"github.com/dyadfs/dyadfs/fs/caller"
 	"github.com/dyadfs/dyadfs/fs/dmd"
 	"github.com/dyadfs/dyadfs/hfl"
+	"github.com/dyadfs/dyadfs/internal/pagecache"
 )
 
 // writeFlags make an open a writer. O_TRUNC reaches OPEN because dyadfs
@@ -181,6 +182,7 @@ type writeHandle struct {
 var (
 	_ gofs.FileReleaser = (*writeHandle)(nil)
 	_ gofs.FileFlusher  = (*writeHandle)(nil)
+	_ gofs.FileWriter   = (*writeHandle)(nil)
 )
 
 func (fsys *FS) newWriteHandle(fh gofs.FileHandle, w *dmd.Writer, rel func() string) *writeHandle {
@@ -190,6 +192,29 @@ func (fsys *FS) newWriteHandle(fh gofs.FileHandle, w *dmd.Writer, rel func() str
 	fd, _ := lf.PassthroughFd()
 	w.Opened(fd)
 	return &writeHandle{LoopbackFile: lf, fsys: fsys, w: w, rel: rel, fd: fd}
+}
+
+// Write implements gofs.FileWriter. Writes reach the daemon only without
+// passthrough, up to MaxWrite (1 MiB) at once; they go into the backing
+// file in pieces the page cache takes fast (see pagecache).
+func (h *writeHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	n, err := pagecache.WriteAt(loopbackWriterAt{ctx, h.LoopbackFile}, data, off)
+	return uint32(n), gofs.ToErrno(err)
+}
+
+// loopbackWriterAt writes through a loopback file handle, which keeps its
+// own locking.
+type loopbackWriterAt struct {
+	ctx context.Context
+	f   *gofs.LoopbackFile
+}
+
+func (w loopbackWriterAt) WriteAt(p []byte, off int64) (int, error) {
+	n, errno := w.f.Write(w.ctx, p, off)
+	if errno != 0 {
+		return int(n), errno
+	}
+	return int(n), nil
 }
 
 // claim says the file was published as prev when this handle opened it.
