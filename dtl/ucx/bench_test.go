@@ -247,8 +247,9 @@ func BenchmarkMessage64(b *testing.B) {
 // namespaces (ucx_perftest's ucp_am_bw, 1 MiB messages, in both of its
 // error modes), then the UCX transport and the TCP transport, each
 // fetching from the owner's page cache into a new file and checking the
-// checksum as the Fetcher does. "of-perftest" is the transport's rate
-// over ucx_perftest's best.
+// checksum as the Fetcher does, and sending messages (the locator's
+// notices). "of-perftest" is the transport's rate over ucx_perftest's
+// best.
 func BenchmarkFetchNetns(b *testing.B) {
 	if _, err := exec.LookPath("ucx_perftest"); err != nil {
 		b.Skip("skipping: ucx_perftest is not installed (Debian: ucx-utils; scripts/setup.sh installs it)")
@@ -288,8 +289,30 @@ func BenchmarkFetchNetns(b *testing.B) {
 				b.ReportMetric(mbs/best, "of-perftest")
 			})
 			b.Run("4KiB", func(b *testing.B) { measureFetches(b, client, h.addr, "4KiB", sizes["4KiB"], 1) })
+			// Round trips of messages: a notice, and one carrying a 4 KiB
+			// file (about 6,000 bytes).
+			for _, size := range []int{64, 6000} {
+				b.Run(fmt.Sprintf("message%d", size), func(b *testing.B) { measureMessages(b, client.(dtl.Messenger), h.addr, size) })
+			}
 		})
 	}
+}
+
+// measureMessages sends messages of size bytes to the daemon at addr, one
+// at a time, and reports the median round trip.
+func measureMessages(b *testing.B, m dtl.Messenger, addr string, size int) {
+	msg := make([]byte, size)
+	ctx := context.Background()
+	var lat []time.Duration
+	for b.Loop() {
+		start := time.Now()
+		if _, err := m.Message(ctx, addr, "helper", msg); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(start))
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 }
 
 // perftest runs ucx_perftest's test (ucp_am_bw with 1 MiB messages, or

@@ -4,6 +4,7 @@ package ucx
 
 import (
 	"bufio"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -41,8 +42,9 @@ func TestMain(m *testing.M) {
 // (tcp: the TCP transport serves instead of UCX), and UCX's own variables
 // (UCX_TLS, UCX_NET_DEVICES) pass through to UCX. It prints "addr ADDR"
 // once it serves, and "streaming" once a fetch of "slow" has begun and 4
-// MiB of it were written. A line "publish P" on its stdin records P's
-// checksum, as a producer's publish does; it answers "published".
+// MiB of it were written; it answers messages with their own bytes. A
+// line "publish P" on its stdin records P's checksum, as a producer's
+// publish does; it answers "published".
 func helperMain() int {
 	args := strings.Split(os.Getenv(helperEnv), ",")
 	if len(args) != 3 && (len(args) != 4 || args[3] != "tcp") {
@@ -78,7 +80,7 @@ func helperMain() int {
 			fmt.Println("streaming")
 		}
 	}()
-	if err := tr.Serve(src); err != nil {
+	if err := tr.Serve(echoing{src}); err != nil {
 		fmt.Fprintln(os.Stderr, "helper:", err)
 		return 1
 	}
@@ -257,4 +259,12 @@ func TestPeerKilled(t *testing.T) {
 			poolsFull(t, client)
 		})
 	}
+}
+
+// echoing is the helper's Source: it also answers every message with the
+// message itself.
+type echoing struct{ *dtltest.Source }
+
+func (echoing) HandleMessage(ctx context.Context, from string, msg []byte) ([]byte, error) {
+	return msg, nil
 }
