@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -196,10 +197,18 @@ func (fsys *FS) newWriteHandle(fh gofs.FileHandle, w *dmd.Writer, rel func() str
 
 // Write implements gofs.FileWriter. Writes reach the daemon only without
 // passthrough, up to MaxWrite (1 MiB) at once; they go into the backing
-// file in pieces the page cache takes fast (see pagecache).
+// file in pieces the page cache takes fast (see pagecache). As pwrite, it
+// reports the bytes written if there are any, and the error otherwise.
 func (h *writeHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	n, err := pagecache.WriteAt(loopbackWriterAt{ctx, h.LoopbackFile}, data, off)
-	return uint32(n), gofs.ToErrno(err)
+	var errno syscall.Errno
+	switch {
+	case n > 0 || err == nil:
+		return uint32(n), 0
+	case errors.As(err, &errno):
+		return 0, errno
+	}
+	return 0, syscall.EIO
 }
 
 // loopbackWriterAt writes through a loopback file handle, which keeps its
@@ -212,7 +221,7 @@ type loopbackWriterAt struct {
 func (w loopbackWriterAt) WriteAt(p []byte, off int64) (int, error) {
 	n, errno := w.f.Write(w.ctx, p, off)
 	if errno != 0 {
-		return int(n), errno
+		return 0, errno // n is pwrite's -1 then
 	}
 	return int(n), nil
 }

@@ -194,3 +194,21 @@ EOF`)
 		mustSh(t, m.mnt, "cmp "+src+" "+name)
 	}
 }
+
+// TestFullBackingWithoutPassthrough: a write that reaches the daemon and
+// finds the backing filesystem full fails with ENOSPC, as it would there.
+func TestFullBackingWithoutPassthrough(t *testing.T) {
+	requireEnv(t)
+	root, mnt, backing := mountDirs(t)
+	if out, err := runOut("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", backing); err != nil {
+		t.Fatalf("mount tmpfs: %v %s", err, out)
+	}
+	t.Cleanup(func() { runOut("umount", "-l", backing) })
+	m := &mount{t: t, mnt: mnt, backing: backing, logFile: filepath.Join(root, "dyadfs.log"), node: "node-a"}
+	m.args = []string{"--passthrough=false"}
+	m.start()
+	r := run(t, mnt, "dd", "if=/dev/zero", "of=big", "bs=1M", "count=8")
+	if r.err == nil || !strings.Contains(r.stderr, "No space left on device") {
+		t.Fatalf("dd into a full backing directory: %v, want ENOSPC", r)
+	}
+}

@@ -3,7 +3,6 @@ package pagecache
 import (
 	"bytes"
 	"errors"
-	"io"
 	"testing"
 )
 
@@ -61,5 +60,4 @@ func TestWriteAtEmpty(t *testing.T) {
 	if n, err := WriteAt(&r, nil, 7); n != 0 || err != nil || len(r.writes) != 0 {
 		t.Fatalf("wrote %d in %d writes, %v", n, len(r.writes), err)
 	}
-	var _ io.WriterAt = &r
 }
