@@ -185,7 +185,7 @@ func BenchmarkFetch64MiB(b *testing.B) {
 	if _, err := exec.LookPath("ucx_perftest"); err == nil {
 		lo := [2]string{"lo", "lo"}
 		for _, tls := range []string{"tcp", "sm,tcp"} {
-			plain := perftest(b, nil, "127.0.0.1", tls, lo, "ucp_am_bw", "")
+			plain := perftest(b, nil, "127.0.0.1", tls, lo, "ucp_am_bw")
 			peer := perftest(b, nil, "127.0.0.1", tls, lo, "ucp_am_bw", "-e")
 			fmt.Printf("ucx_perftest ucp_am_bw 1 MiB on one host (UCX_TLS=%s): %.0f MB/s, with peer error handling (-e) %.0f MB/s\n", tls, plain, peer)
 			lat := perftest(b, nil, "127.0.0.1", tls, lo, "ucp_am_lat", "-e")
@@ -261,10 +261,15 @@ func BenchmarkFetchNetns(b *testing.B) {
 	// which lead each side to itself.
 	ends := [2]string{n.hostIf, "eth0"}
 	// Once, not per round of each sub-benchmark.
-	plain := perftest(b, enter, n.nsIP, "tcp", ends, "ucp_am_bw", "")
+	plain := perftest(b, enter, n.nsIP, "tcp", ends, "ucp_am_bw")
 	peer := perftest(b, enter, n.nsIP, "tcp", ends, "ucp_am_bw", "-e")
 	best := max(plain, peer)
 	fmt.Printf("ucx_perftest ucp_am_bw 1 MiB between the namespaces (UCX_TLS=tcp): %.0f MB/s, with peer error handling (-e) %.0f MB/s\n", plain, peer)
+	// UCX's latency busy-polling, and waiting for events as a daemon
+	// does (the worker armed, asleep on its event fd).
+	polling := perftest(b, enter, n.nsIP, "tcp", ends, "ucp_am_lat", "-e")
+	sleeping := perftest(b, enter, n.nsIP, "tcp", ends, "ucp_am_lat", "-e", "-E", "sleep")
+	fmt.Printf("ucx_perftest ucp_am_lat 4 KiB between the namespaces (UCX_TLS=tcp, -e): %.1f µs one way (p50) busy-polling, %.1f µs waiting for events (-E sleep)\n", polling, sleeping)
 	for _, w := range []struct{ name, transport string }{{"ucx-tcp", ""}, {"tcp-transport", "tcp"}} {
 		b.Run(w.name, func(b *testing.B) {
 			s := dtltest.NewSecret()
@@ -319,17 +324,16 @@ func measureMessages(b *testing.B, m dtl.Messenger, addr string, size int) {
 // ucp_am_lat with 4 KiB ones) between a server started under enter (in a
 // namespace; nothing: here) at ip and a client here, with UCX_TLS=tls on
 // the network devices ends (the client's, the server's), and returns its
-// overall bandwidth in MB/s or its median one-way latency in µs. flag is
-// "-e" for endpoints that handle peer errors, as dyadfs's do, or "".
-func perftest(b *testing.B, enter []string, ip, tls string, ends [2]string, test, flag string) float64 {
+// overall bandwidth in MB/s or its median one-way latency in µs. flags
+// go to ucx_perftest: "-e" for endpoints that handle peer errors, as
+// dyadfs's do; "-E", "sleep" to wait for events rather than busy-poll.
+func perftest(b *testing.B, enter []string, ip, tls string, ends [2]string, test string, flags ...string) float64 {
 	b.Helper()
 	r := ucxperf.Run{ServerEnter: enter, IP: ip, TLS: tls, Devices: ends, Test: test, Size: 1 << 20, Iters: 2000}
 	if test == "ucp_am_lat" {
 		r.Size, r.Iters = 4096, 10000
 	}
-	if flag != "" {
-		r.Flags = []string{flag}
-	}
+	r.Flags = flags
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	v, err := ucxperf.Measure(ctx, r)
