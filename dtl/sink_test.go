@@ -14,21 +14,33 @@ import (
 	"github.com/dyadfs/dyadfs/internal/digest"
 )
 
+// newSink is a Sink writing into a new file, closed at the end of the
+// test.
+func newSink(t *testing.T) (*dtl.Sink, *os.File) {
+	t.Helper()
+	f, err := os.Create(filepath.Join(t.TempDir(), "copy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return dtl.NewSink(f), f
+}
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(rand.Uint32())
+	}
+	return b
+}
+
 // Writers on several goroutines, chunks in any order (as the Flux
 // transport's window writes them): the Sink's checksum is the content's,
 // and whole blocks are never read back.
 func TestSinkConcurrentWriters(t *testing.T) {
 	const size = 9*digest.BlockSize + 1234
-	data := make([]byte, size)
-	for i := range data {
-		data[i] = byte(rand.Uint32())
-	}
-	f, err := os.Create(filepath.Join(t.TempDir(), "copy"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sink := dtl.NewSink(f)
+	data := randomBytes(size)
+	sink, _ := newSink(t)
 	offs := make(chan int)
 	var wg sync.WaitGroup
 	for range 4 {
@@ -59,16 +71,8 @@ func TestSinkConcurrentWriters(t *testing.T) {
 // file goes (the Sink splits them): the file and its checksum are the
 // content, in increasing order as the TCP and UCX transports write.
 func TestSinkUnalignedWrites(t *testing.T) {
-	data := make([]byte, 5<<20+99)
-	for i := range data {
-		data[i] = byte(rand.Uint32())
-	}
-	f, err := os.Create(filepath.Join(t.TempDir(), "copy"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sink := dtl.NewSink(f)
+	data := randomBytes(5<<20 + 99)
+	sink, f := newSink(t)
 	for off := 0; off < len(data); {
 		end := min(len(data), off+1<<20+int(rand.IntN(300<<10)))
 		if n, err := sink.WriteAt(data[off:end], int64(off)); n != end-off || err != nil {
@@ -108,12 +112,7 @@ func TestSinkCopyFrom(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	f, err := os.Create(filepath.Join(t.TempDir(), "copy"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sink := dtl.NewSink(f)
+	sink, f := newSink(t)
 	sink.InOrder()
 	for _, e := range extents {
 		if n, err := sink.CopyFrom(conn, int64(e[0]), int64(e[1]-e[0])); err != nil || n != int64(e[1]-e[0]) {
