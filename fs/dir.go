@@ -76,7 +76,10 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 	fsys, d := n.fsys, n.fsys.dmd
 	rel := n.childRel(name)
 	if r, ok := target.(*remoteNode); ok {
-		trel := r.rel()
+		trel, named := r.rel()
+		if !named {
+			return nil, syscall.ESTALE
+		}
 		if err := d.Materialize(ctx, trel, callerTid(ctx)); err != nil {
 			return nil, fsys.errno("link", trel, err)
 		}

@@ -66,11 +66,23 @@ var (
 // fails with ENOENT instead of acting on the root.
 func (n *node) rel() string { return n.Path(n.fsys.root.EmbeddedInode()) }
 
+// pathOf returns the path of ino relative to the mount, and whether it has
+// one: an inode whose last name went (an orphan) has none.
+func (fsys *FS) pathOf(ino *gofs.Inode) (string, bool) {
+	rel := ino.Path(fsys.root.EmbeddedInode())
+	return rel, !orphanPath(rel)
+}
+
+// orphanPath reports whether rel is go-fuse's path of an orphan.
+func orphanPath(rel string) bool {
+	return strings.HasPrefix(rel, ".go-fuse.") || strings.Contains(rel, "/.go-fuse.")
+}
+
 // knownRel is rel, or "" for an orphan: what a handle tells the managed
 // directory its file is called now.
 func (n *node) knownRel() string {
-	rel := n.rel()
-	if strings.HasPrefix(rel, ".go-fuse.") || strings.Contains(rel, "/.go-fuse.") {
+	rel, named := n.fsys.pathOf(n.EmbeddedInode())
+	if !named {
 		return ""
 	}
 	return rel

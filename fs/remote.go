@@ -23,6 +23,10 @@ type remoteNode struct {
 	gofs.Inode
 	fsys *FS
 	gen  uint64 // the version it stands for
+	// last is the last path it was known by: a rename or an unlink can
+	// take its name between the kernel's LOOKUP and the request that
+	// follows it, and an open then starts again from that name.
+	last atomic.Pointer[string]
 }
 
 var (
@@ -40,7 +44,9 @@ func (fsys *FS) remote(ctx context.Context, parent *gofs.Inode, rel string, rec 
 	ino := versionIno(rel, rec.Generation)
 	attrFromRecord(rec, ino, &out.Attr)
 	fsys.cached(out)
-	return parent.NewInode(ctx, &remoteNode{fsys: fsys, gen: rec.Generation}, gofs.StableAttr{Mode: rec.Mode & syscall.S_IFMT, Ino: ino})
+	r := &remoteNode{fsys: fsys, gen: rec.Generation}
+	r.last.Store(&rel)
+	return parent.NewInode(ctx, r, gofs.StableAttr{Mode: rec.Mode & syscall.S_IFMT, Ino: ino})
 }
 
 // versionIno is the inode number shown for version gen of rel while it is
@@ -78,17 +84,30 @@ func attrFromRecord(rec hfl.Record, ino uint64, out *fuse.Attr) {
 	out.Atime, out.Atimensec = sec, nsec
 }
 
-func (r *remoteNode) rel() string { return r.Path(nil) }
+// rel returns the node's path now, or, with named false, the last path it
+// had if it has no name any more (see last). Never the root's: a node
+// whose name went has no path of its own.
+func (r *remoteNode) rel() (rel string, named bool) {
+	if rel, named = r.fsys.pathOf(r.EmbeddedInode()); named {
+		r.last.Store(&rel)
+		return rel, true
+	}
+	return *r.last.Load(), false
+}
 
 // Getattr implements gofs.NodeGetattrer: what this node has of it now, if
 // that is current (fetched, or being written here), else the record.
 func (r *remoteNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	fsys, rel := r.fsys, r.rel()
+	fsys := r.fsys
 	ino := r.StableAttr().Ino
 	if fga, ok := f.(gofs.FileGetattrer); ok {
 		errno := fga.Getattr(ctx, out)
 		out.Ino = ino
 		return errno
+	}
+	rel, named := r.rel()
+	if !named {
+		return syscall.ESTALE // the kernel looks the name up again
 	}
 	var st syscall.Stat_t
 	if fsys.back().Lstat(rel, &st) == nil && fsys.dmd.CurrentHere(ctx, rel) {
@@ -112,7 +131,10 @@ func (r *remoteNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.A
 
 // Readlink implements gofs.NodeReadlinker.
 func (r *remoteNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
-	rel := r.rel()
+	rel, named := r.rel()
+	if !named {
+		return nil, syscall.ESTALE
+	}
 	rec, ok, err := r.fsys.dmd.Entry(ctx, rel, false)
 	if err != nil {
 		return nil, r.fsys.errno("readlink", rel, err)
@@ -132,8 +154,19 @@ func (r *remoteNode) Getxattr(ctx context.Context, attr string, dest []byte) (ui
 // Open implements gofs.NodeOpener. To read, it waits until the current
 // version is here (fetched); to write, see dmd.OpenForWrite.
 func (r *remoteNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	fsys, rel := r.fsys, r.rel()
+	fsys := r.fsys
+	rel, named := r.rel()
 	defer fsys.forget(rel) // what is here from now on is shown as such
+	if !named {
+		// Its name went since the kernel looked it up (renamed over or
+		// removed here): the version it stood for is gone. A reader
+		// starts again from the name, as an open a moment later would;
+		// a writer has the kernel look the name up again.
+		if flags&writeFlags != 0 {
+			return nil, 0, syscall.ESTALE
+		}
+		return fsys.openWhenHere(ctx, rel, flags)
+	}
 	rec, ok, err := fsys.dmd.Entry(ctx, rel, false)
 	if err == nil && ok && rec.Generation != r.gen && !fsys.dmd.Mine(rel) {
 		if flags&writeFlags != 0 {
@@ -175,7 +208,11 @@ func (r *remoteNode) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.Se
 	if fsa, ok := f.(gofs.FileSetattrer); ok {
 		return fsa.Setattr(ctx, in, out)
 	}
-	if errno := r.setattrAt(ctx, r.rel(), in, out); errno != 0 {
+	rel, named := r.rel()
+	if !named {
+		return syscall.ESTALE
+	}
+	if errno := r.setattrAt(ctx, rel, in, out); errno != 0 {
 		return errno
 	}
 	out.Ino = r.StableAttr().Ino
