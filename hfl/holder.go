@@ -45,8 +45,14 @@ type knownListing struct {
 	sorted []Record
 }
 
-// set changes one entry of the listing.
-func (l *knownListing) set(name string, rec Record, exists bool) {
+// set changes one entry of the listing to rec, or removes it (at
+// generation gen), unless the entry is newer: changes can be told out of
+// order (this node's own publish returns after a newer one elsewhere was
+// told).
+func (l *knownListing) set(name string, rec Record, exists bool, gen uint64) {
+	if old, ok := l.recs[name]; ok && old.Generation > gen {
+		return
+	}
 	if exists {
 		rec.Inline = nil
 		l.recs[name] = rec
@@ -252,15 +258,36 @@ func (s *holderSide) learnListing(dir string, recs []Record, pr promise) {
 	s.mu.Unlock()
 }
 
-// addToListing notes, in the listing of its directory that this node
-// holds, a change this node made itself (the home tells the others).
-func (s *holderSide) addToListing(rec Record, exists bool) {
-	dir, name := splitPath(rec.Path)
+// madeHere notes a change this node made itself, committed in the store
+// at generation gen (the home tells the others): in the listing of its
+// directory, if this node holds it, and as what this node knows of p,
+// unless it knows of a newer state (without a promise, if it had none:
+// the home's answer brings one).
+func (s *holderSide) madeHere(p string, rec Record, exists bool, gen uint64) {
+	dir, name := splitPath(p)
+	rec.Inline = nil
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if l := s.lists[dir]; l != nil {
-		l.set(name, rec, exists)
+		l.set(name, rec, exists, gen)
 	}
+	k := s.known[p]
+	if k == nil {
+		s.learnLocked(p, rec, exists, gen, promise{})
+	} else if k.gen < gen {
+		k.rec, k.exists, k.gen = rec, exists, gen
+	}
+}
+
+// told returns the newest state of p this node knows, promised or not: a
+// change told, or made here.
+func (s *holderSide) told(p string) (rec Record, exists bool, gen uint64, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if k := s.known[p]; k != nil {
+		return k.rec, k.exists, k.gen, true
+	}
+	return Record{}, false, 0, false
 }
 
 // forget drops what this node knows of p.
@@ -354,7 +381,11 @@ func (s *holderSide) broken(from, p string, rec *Record, gen uint64, listing, en
 		// renewed; otherwise it was not counted among them (its promise
 		// there ran out first), and the listing's own promise says how
 		// long the rest holds.
-		l.set(name, state, exists)
+		g := gen
+		if exists {
+			g = state.Generation
+		}
+		l.set(name, state, exists, g)
 		if listing {
 			l.p = promise{home: m, epoch: epoch, expires: now.Add(n.t.promiseTTL - n.t.promiseMargin)}
 		}
@@ -383,6 +414,9 @@ func (s *holderSide) broken(from, p string, rec *Record, gen uint64, listing, en
 		s.keepBytes(state)
 	}
 	if local := n.l.local; local != nil && !state.Provisional && !stale {
+		if !exists {
+			state.Generation = gen // the removal's
+		}
 		local.Invalidated(p, state, exists)
 		if listing && ended {
 			local.ListingDropped(dir)

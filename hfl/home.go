@@ -177,8 +177,11 @@ func (h *homeSide) published(ctx context.Context, from string, rec Record, publi
 		return r
 	}
 	if e.known && e.gen >= rec.Generation {
+		// An older notice, overtaken: the sender is not registered,
+		// and hears what the path is now (it may have lost a race to
+		// write the path).
+		h.overtakenLocked(e, &r)
 		h.mu.Unlock()
-		r.NoPromise = true // an older notice, overtaken: the sender is not told
 		return r
 	}
 	if !e.known {
@@ -223,8 +226,8 @@ func (h *homeSide) unpublished(ctx context.Context, from, p string, gen uint64, 
 	h.mu.Lock()
 	d, e := h.entryLocked(p)
 	if e.known && e.gen >= gen {
+		h.overtakenLocked(e, &r)
 		h.mu.Unlock()
-		r.NoPromise = true
 		return r
 	}
 	if !e.known {
@@ -247,6 +250,16 @@ func (h *homeSide) unpublished(ctx context.Context, from, p string, gen uint64, 
 		h.forward(ctx, notice{Kind: kindUnpublished, Path: p, Gen: gen, Sync: sync, Forwarded: true}, from)
 	}
 	return r
+}
+
+// overtakenLocked answers a change older than what the home knows of its
+// path (e): no promise, and the path's state now.
+func (h *homeSide) overtakenLocked(e *homeEntry, r *reply) {
+	r.NoPromise, r.Known, r.Gen = true, true, e.gen
+	if e.exists {
+		rec := e.rec
+		r.Rec = &rec
+	}
 }
 
 // forward passes a change on to the other homes its holders may have

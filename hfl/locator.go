@@ -174,7 +174,7 @@ func (l *Locator) Publish(ctx context.Context, rec Record) (Record, error) {
 	if n == nil {
 		l.cache.put(out)
 	} else {
-		n.holder.addToListing(out, true)
+		n.holder.madeHere(out.Path, out, true, out.Generation)
 		n.tellHome(out, publish, told)
 	}
 	return out, nil
@@ -210,7 +210,7 @@ func (l *Locator) publishTold(ctx context.Context, rec Record, writing bool) (Re
 		return Record{}, fmt.Errorf("%s %s: %w", what, rec.Path, err)
 	}
 	if n := l.notices.Load(); n != nil {
-		n.holder.addToListing(out, true)
+		n.holder.madeHere(out.Path, out, true, out.Generation)
 		n.tellHomeSync(ctx, notice{Kind: kindPublished, Rec: &out, Sync: true}, out.Path, out, true)
 	} else {
 		l.cache.put(out)
@@ -237,7 +237,7 @@ func (l *Locator) Unpublish(ctx context.Context, path string, cond RemoveCond, s
 		return fmt.Errorf("unpublish %s: %w", path, err)
 	}
 	if n := l.notices.Load(); n != nil {
-		n.holder.addToListing(Record{Path: path}, false)
+		n.holder.madeHere(path, Record{Path: path}, false, at)
 		msg := notice{Kind: kindUnpublished, Path: path, Gen: at, Sync: sync}
 		if sync {
 			n.tellHomeSync(ctx, msg, path, Record{}, false)
@@ -585,6 +585,22 @@ func (l *Locator) Published(ctx context.Context, path string) (Record, error) {
 	return l.store.Lookup(ctx, l.Key(path))
 }
 
+// Told returns the newest state of path this node knows of, promised or
+// not: what a home told it, or what it published or removed itself. A
+// removal is rec with exists false, its generation in rec.Generation.
+// ok is false when it knows nothing of path.
+func (l *Locator) Told(path string) (rec Record, exists, ok bool) {
+	n := l.notices.Load()
+	if n == nil {
+		return Record{}, false, false
+	}
+	rec, exists, gen, ok := n.holder.told(path)
+	if ok && !exists {
+		rec = Record{Path: path, Generation: gen}
+	}
+	return rec, exists, ok
+}
+
 // Forget drops what this node knows of path, for example after its owner
 // refused it.
 func (l *Locator) Forget(path string) {
@@ -747,11 +763,18 @@ func (n *notices) deliver(ctx context.Context, msg notice, p string, rec Record,
 			}
 		}
 		if err == nil {
+			gen := msg.Gen
+			if exists {
+				gen = rec.Generation
+			}
+			if r.Known && r.Gen > gen && (msg.Rec == nil || !msg.Rec.Provisional) && r.Home.Equal(home.Started) {
+				// Overtaken at the home by a newer change: this node
+				// takes it as told (two nodes wrote the path at once,
+				// and this one lost).
+				n.holder.broken(home.Node, p, r.Rec, r.Gen, false, false, false)
+				return
+			}
 			if pr, ok := n.holder.promiseFrom(home, r, epoch, sent); ok && (msg.Rec == nil || !msg.Rec.Provisional) {
-				gen := msg.Gen
-				if exists {
-					gen = rec.Generation
-				}
 				n.holder.learn(p, rec, exists, gen, pr, true)
 			}
 			return

@@ -373,3 +373,48 @@ func TestRemovalWaitsForAnUnreachableHome(t *testing.T) {
 		t.Errorf("the wait for the dead home was not counted: %+v", st)
 	}
 }
+
+// TestOvertakenPublishLearnsWinner: two nodes publish one path at once and
+// the older publish reaches the home last. Its node, which held no promise
+// for the path, hears the newer state in the home's answer (its own
+// version lost), and neither its listing nor what it knows of the path
+// goes back to its own older record.
+func TestOvertakenPublishLearnsWinner(t *testing.T) {
+	locs, locals, _, _ := promiseCluster(t, 3)
+	ctx := testContext(t)
+	const p = "w/f"
+	older, err := locs[1].store.Publish(ctx, locs[1].Slot(p), Record{Path: p, Owner: "n1", Mode: 0o100644, Size: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer, err := locs[2].PublishSync(ctx, Record{Path: p, Owner: "n2", Mode: 0o100644, Size: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if newer.Generation <= older.Generation {
+		t.Fatalf("generations %d then %d", older.Generation, newer.Generation)
+	}
+	if len(locals[1].told) != 0 {
+		t.Fatalf("n1 held nothing, and was told %v", locals[1].told)
+	}
+	n := locs[1].notices.Load()
+	// What Publish does once the store took n1's record, late.
+	n.holder.madeHere(p, older, true, older.Generation)
+	n.tellHomeSync(ctx, notice{Kind: kindPublished, Rec: &older}, p, older, true)
+	want := fmt.Sprintf("%s gen %d by n2", p, newer.Generation)
+	if !locals[1].heard(want) {
+		t.Fatalf("the overtaken node was not told %q: %v", want, locals[1].told)
+	}
+	if rec, exists, ok := locs[1].Told(p); !ok || !exists || rec.Owner != "n2" || rec.Generation != newer.Generation {
+		t.Fatalf("Told: %+v %v %v; want n2's generation %d", rec, exists, ok, newer.Generation)
+	}
+	// A listing held keeps the newer record too.
+	if _, err := locs[1].List(ctx, "w", "", 0); err != nil {
+		t.Fatal(err)
+	}
+	n.holder.madeHere(p, older, true, older.Generation)
+	recs, err := locs[1].List(ctx, "w", "", 0)
+	if err != nil || len(recs) != 1 || recs[0].Owner != "n2" {
+		t.Fatalf("listing after the late publish: %+v %v; want n2's record", recs, err)
+	}
+}

@@ -2,9 +2,13 @@ package test
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dyadfs/dyadfs/internal/poll"
 )
 
 // Races across nodes, each found by running ordinary programs on three
@@ -47,5 +51,135 @@ func TestClusterOpenWhileRenamedOver(t *testing.T) {
 		if errs != "" {
 			t.Errorf("opens of an existing file failed while it was renamed over (%s):\n%.2000s", x.errs, errs)
 		}
+	}
+}
+
+// raceCreates is a Python program that creates, writes and closes the
+// files NAME-0 ... NAME-(n-1) in step with the other nodes: before each
+// create it waits at a barrier (files in a directory outside the mount)
+// until every node reached it. argv: dir of the mount, barrier dir, node,
+// number of nodes, n, name, mode ("excl" or "trunc").
+const raceCreates = `
+import os, sys, time
+mnt, bar, node, nodes, n, name, mode = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], sys.argv[7]
+os.chdir(mnt)
+flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if mode == "excl" else os.O_TRUNC)
+won = []
+for i in range(n):
+    open(os.path.join(bar, "%d.%s" % (i, node)), "w").close()
+    deadline = time.time() + 30
+    while len([f for f in os.listdir(bar) if f.startswith("%d." % i)]) < nodes:
+        if time.time() > deadline:
+            sys.exit("barrier %d: the other nodes did not come" % i)
+        time.sleep(0.0005)
+    try:
+        fd = os.open("%s-%d" % (name, i), flags, 0o644)
+    except FileExistsError:
+        continue
+    os.write(fd, ("%s wrote %s-%d\n" % (node, name, i)).encode() * 100)
+    os.close(fd)
+    won.append("%s-%d" % (name, i))
+print(" ".join(won))
+`
+
+// readAll is a shell loop that prints, for each file, its writer (the
+// first word) and its checksum.
+func readAll(name string, n int) string {
+	return fmt.Sprintf("for i in $(seq 0 %d); do f=%s-$i; printf '%%s %%s ' $f \"$(head -c 2 $f)\"; md5sum < $f || echo missing; done", n-1, name)
+}
+
+// differing returns the lines of reads (one per node) that differ.
+func differing(nodes []*node, reads []string) []string {
+	lines := make([][]string, len(reads))
+	for i, r := range reads {
+		lines[i] = strings.Split(strings.TrimSpace(r), "\n")
+	}
+	var out []string
+	for j := range lines[0] {
+		var row []string
+		same := true
+		for i := range lines {
+			l := ""
+			if j < len(lines[i]) {
+				l = lines[i][j]
+			}
+			same = same && l == lines[0][j]
+			row = append(row, nodes[i].name+": "+l)
+		}
+		if !same {
+			out = append(out, strings.Join(row, " | "))
+		}
+	}
+	return out
+}
+
+// TestClusterConcurrentCreates: three nodes create one new name at once,
+// with O_CREAT|O_EXCL and with O_CREAT|O_TRUNC, write and close. Once
+// every close returned, all nodes read the same version of every name
+// (within a moment: the losers are told by the name's home), and a
+// losing node's log says its file was replaced.
+func TestClusterConcurrentCreates(t *testing.T) {
+	c := newCluster(t, 3)
+	const n = 50
+	for _, mode := range []string{"excl", "trunc"} {
+		bar := filepath.Join(c.dir, "barrier-"+mode)
+		if err := os.Mkdir(bar, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		var chs []<-chan result
+		for _, nd := range c.nodes {
+			argv := nd.argv("python3", "-c", raceCreates, c.mnt, bar, nd.name, fmt.Sprint(len(c.nodes)), fmt.Sprint(n), mode, mode)
+			ch, _ := startCmdFor(t, bound, "/", nil, argv[0], argv[1:]...)
+			chs = append(chs, ch)
+		}
+		wrote := make([][]string, len(chs))
+		for i, ch := range chs {
+			r := <-ch
+			if r.err != nil {
+				t.Fatalf("%s: %s creates: %v", c.nodes[i].name, mode, r)
+			}
+			wrote[i] = strings.Fields(r.stdout)
+		}
+		closed := time.Now()
+		var reads []string
+		agree := poll.Within(2*time.Second, func() bool {
+			reads = reads[:0]
+			for _, nd := range c.nodes {
+				reads = append(reads, nd.mustSh(readAll(mode, n)))
+			}
+			return reads[0] == reads[1] && reads[1] == reads[2]
+		})
+		if !agree {
+			for _, l := range differing(c.nodes, reads) {
+				t.Log(l)
+				name := strings.Fields(strings.SplitN(l, ": ", 2)[1])[0]
+				for _, nd := range c.nodes {
+					t.Logf("%s locates %s: %s", nd.name, name, nd.mustSh("cat .dyadfs/locate/"+name))
+				}
+			}
+			t.Fatalf("%s: the nodes still disagree %v after every close returned", mode, time.Since(closed).Round(time.Millisecond))
+		}
+		if strings.Contains(reads[0], "missing") {
+			t.Fatalf("%s: a name is missing:\n%s", mode, reads[0])
+		}
+		// A node whose file lost says so in its log.
+		winner := map[string]string{}
+		for _, l := range strings.Split(strings.TrimSpace(reads[0]), "\n") {
+			f := strings.Fields(l)
+			winner[f[0]] = f[1]
+		}
+		losses := 0
+		for i, nd := range c.nodes {
+			for _, name := range wrote[i] {
+				if winner[name] == nd.name {
+					continue
+				}
+				losses++
+				if !strings.Contains(nd.readLog(), `"file was replaced by another node's version; the version here is removed" path=`+name+" ") {
+					t.Errorf("%s: %s's file %s lost to %s's, and its log does not say so", mode, nd.name, name, winner[name])
+				}
+			}
+		}
+		t.Logf("%s: %d files lost to another node's", mode, losses)
 	}
 }

@@ -142,6 +142,11 @@ type DMD struct {
 	// releasing counts, per path, last writers between letting readers in
 	// and publishing.
 	releasing map[string]int
+	// toldWhilePublishing holds paths whose change elsewhere was told
+	// while this node published its own version (releasing or
+	// publishing): looked at again once the publish is done, when it is
+	// known which one won.
+	toldWhilePublishing map[string]struct{}
 	// superseded holds this node's own files that another node replaced
 	// or is rewriting: not shown or served, removed once a newer version
 	// is published.
@@ -218,6 +223,8 @@ func New(cfg Config, p Parts) (*DMD, error) {
 		copies:     make(map[string]copyInfo),
 		releasing:  make(map[string]int),
 		superseded: make(map[string]uint64),
+
+		toldWhilePublishing: make(map[string]struct{}),
 	}
 	d.life, d.endLife = context.WithCancel(context.Background())
 	_, err := os.Stat(d.internalPath())

@@ -359,7 +359,14 @@ func (d *DMD) Invalidated(rel string, rec hfl.Record, exists bool) {
 	}
 	d.mu.Lock()
 	_, publishing := d.publishing[rel]
-	busy := d.busy[IDOf(&st)] != nil || d.creating[rel] > 0 || d.releasing[rel] > 0 || publishing
+	ending := d.releasing[rel] > 0 || publishing
+	busy := d.busy[IDOf(&st)] != nil || d.creating[rel] > 0 || ending
+	if ending {
+		// This node is publishing its own version: whichever
+		// generation is newer wins, which is known once the publish
+		// is done (see publishDone).
+		d.toldWhilePublishing[rel] = struct{}{}
+	}
 	c, isCopy := d.copies[rel]
 	d.mu.Unlock()
 	switch {
@@ -393,6 +400,26 @@ func (d *DMD) Invalidated(rel string, rec hfl.Record, exists bool) {
 	}
 	d.toldUnseen(rel)
 	d.loc.Changed(rel)
+}
+
+// publishDone looks again at a change of rel told while this node
+// published its own version of rel, once no publish of rel is in progress
+// here: if the change is newer than what this node published, this
+// node's version lost (two nodes wrote one path at once) and goes, as
+// Invalidated would have done. d.mu must not be held.
+func (d *DMD) publishDone(rel string) {
+	d.mu.Lock()
+	_, publishing := d.publishing[rel]
+	_, told := d.toldWhilePublishing[rel]
+	if !told || publishing || d.releasing[rel] > 0 {
+		d.mu.Unlock()
+		return
+	}
+	delete(d.toldWhilePublishing, rel)
+	d.mu.Unlock()
+	if rec, exists, ok := d.loc.Told(rel); ok {
+		d.Invalidated(rel, rec, exists)
+	}
 }
 
 // ownNewer reports whether this node's own file at rel was published at a

@@ -335,6 +335,9 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, verdict bool) (
 				}
 			}
 			d.mu.Unlock()
+			for _, name := range names {
+				d.publishDone(name)
+			}
 		}()
 	}
 
@@ -560,6 +563,7 @@ func (d *DMD) publishWith(ctx context.Context, rec hfl.Record, publish func(cont
 		delete(d.publishing, rec.Path)
 	}
 	d.mu.Unlock()
+	d.publishDone(rec.Path)
 	if err != nil {
 		d.stats.publishErrors.Add(1)
 		d.log.Error("publish failed; will retry", "path", rec.Path, "err", err)
