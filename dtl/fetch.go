@@ -34,6 +34,9 @@ type Version struct {
 	// Alloc is, for a sparse file, the space its data takes (less than
 	// Info.Size); 0 for a file without holes.
 	Alloc int64
+	// Ino is the file's inode number in the namespace, which its copy
+	// keeps (see hfl.Record.Ino).
+	Ino uint64
 }
 
 // Peer is where a node's daemon listens, and with which transport.

@@ -67,40 +67,27 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 }
 
 // Link implements gofs.NodeLinker: the new name of a complete file is
-// published. A file published elsewhere is brought here first (hard links
-// are this node's: other nodes see two files).
+// published. Hard links are this node's: only a file this node owns gets
+// a second name. Another node's file (not here, or a copy here) fails
+// with EXDEV, as across filesystems: a link here would be a second file
+// with the first one's inode number, or would make the file this node's,
+// a new version of it everywhere. Programs copy instead (git clone, cp
+// -l's users); other nodes see two files.
 func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if n.reserved(name) {
 		return nil, syscall.EEXIST
 	}
 	fsys, d := n.fsys, n.fsys.dmd
 	rel := n.childRel(name)
-	if r, ok := target.(*remoteNode); ok {
-		trel, named := r.rel()
-		if !named {
-			return nil, syscall.ESTALE
-		}
-		if err := d.Materialize(ctx, trel, callerTid(ctx)); err != nil {
-			return nil, fsys.errno("link", trel, err)
-		}
-		d.Adopt(trel)
-		if err := fsys.back().Link(trel, rel); err != nil {
-			return nil, fsys.errno("link", rel, err)
-		}
-		defer fsys.forget(trel)
-		ch, errno := n.lookupHere(ctx, name, out)
-		if errno == 0 {
-			fsys.cached(out)
-			d.Changed(ctx, trel)
-			d.Changed(ctx, rel)
-		}
-		return ch, errno
-	}
 	t, ok := target.(*node)
 	if !ok {
 		return nil, syscall.EXDEV
 	}
-	ch, errno := n.linkHere(ctx, t.rel(), name, out)
+	trel := t.rel()
+	if !d.Solo() && (d.IsCopy(trel) || !d.CurrentHere(ctx, trel)) {
+		return nil, syscall.EXDEV
+	}
+	ch, errno := n.linkHere(ctx, trel, name, out)
 	if errno == 0 {
 		fsys.cached(out)
 		d.Changed(ctx, rel)

@@ -2,7 +2,6 @@ package fs
 
 import (
 	"context"
-	"path"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -45,6 +44,9 @@ func (fsys *FS) openListing(ctx context.Context, rel string, root bool) (gofs.Fi
 			continue
 		}
 		here[de.Name] = struct{}{}
+		if ino := fsys.dmd.Ino(dmd.FileID{Dev: fsys.back().Dev(), Ino: de.Ino}); ino != 0 && de.Ino != 0 {
+			de.Ino = ino // as its stat shows it
+		}
 		l.entries = append(l.entries, de)
 	}
 	ds.Close()
@@ -59,7 +61,7 @@ func (fsys *FS) openListing(ctx context.Context, rel string, root bool) (gofs.Fi
 			if _, ok := here[name]; ok {
 				continue
 			}
-			l.entries = append(l.entries, fuse.DirEntry{Name: name, Mode: rec.Mode & syscall.S_IFMT, Ino: versionIno(path.Join(rel, name), rec.Generation)})
+			l.entries = append(l.entries, fuse.DirEntry{Name: name, Mode: rec.Mode & syscall.S_IFMT, Ino: rec.InodeNumber()})
 		}
 		if len(recs) < hfl.DefaultListLimit {
 			break

@@ -24,12 +24,19 @@ import (
 
 func (fsys *FS) back() *backing.Dir { return fsys.dmd.Backing() }
 
-// stable is the identity of a backing inode for the kernel: its inode
-// number mixed with its device's, as go-fuse's loopback makes it (the
-// backing directory's own device mixed out, so that a backing directory
-// on one filesystem shows that filesystem's inode numbers), and its
-// generation.
+// stable is the identity of a backing inode for the kernel. On a node
+// alone: its inode number mixed with its device's, as go-fuse's loopback
+// makes it (the backing directory's own device mixed out, so that a
+// backing directory on one filesystem shows that filesystem's inode
+// numbers), and its generation (birth). With other nodes, the inode number
+// of the namespace's file it holds (see dmd.Ino), which every version of
+// that file shows; the generation then tells the backing files apart (the
+// kernel ties each of its inodes to one backing file), with the top bit
+// clear: remote nodes have it set (see remote).
 func (fsys *FS) stable(st *syscall.Stat_t, gen uint64) gofs.StableAttr {
+	if ino := fsys.dmd.Ino(dmd.IDOf(st)); ino != 0 {
+		return gofs.StableAttr{Mode: st.Mode, Ino: ino, Gen: (gen ^ st.Ino*0x9e3779b97f4a7c15) &^ (1 << 63)}
+	}
 	swap := func(dev uint64) uint64 { return dev<<32 | dev>>32 }
 	return gofs.StableAttr{Mode: st.Mode, Gen: gen, Ino: swap(st.Dev) ^ swap(fsys.back().Dev()) ^ st.Ino}
 }

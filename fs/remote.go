@@ -2,7 +2,6 @@ package fs
 
 import (
 	"context"
-	"hash/fnv"
 	"path"
 	"strings"
 	"sync/atomic"
@@ -37,31 +36,20 @@ var (
 	_ gofs.NodeGetxattrer = (*remoteNode)(nil)
 )
 
-// remote makes the node of rel, published elsewhere as rec. Its inode
-// number is derived from the path (the top bit set, apart from the
-// backing directory's numbers), so that it is the same at every lookup.
+// remote makes the node of rel, published elsewhere as rec. It shows the
+// file's inode number (hfl.Record.InodeNumber), the same on every node
+// and once the file is here. Each version is a node of its own, told
+// apart by its generation (top bit set, apart from the backing files'):
+// the kernel ties an inode to the backing file its first open passes
+// through to, so a newer version must not come to an inode a process
+// still reads an older one through.
 func (fsys *FS) remote(ctx context.Context, parent *gofs.Inode, rel string, rec hfl.Record, out *fuse.EntryOut) *gofs.Inode {
-	ino := versionIno(rel, rec.Generation)
+	ino := rec.InodeNumber()
 	attrFromRecord(rec, ino, &out.Attr)
 	fsys.cached(out)
 	r := &remoteNode{fsys: fsys, gen: rec.Generation}
 	r.last.Store(&rel)
-	return parent.NewInode(ctx, r, gofs.StableAttr{Mode: rec.Mode & syscall.S_IFMT, Ino: ino})
-}
-
-// versionIno is the inode number shown for version gen of rel while it is
-// not here. Each version has its own: the kernel ties an inode to the
-// backing file its first open passes through to, so a newer version must
-// not come to an inode a process still reads an older one through.
-func versionIno(rel string, gen uint64) uint64 {
-	h := fnv.New64a()
-	h.Write([]byte(rel))
-	var b [8]byte
-	for i := range b {
-		b[i] = byte(gen >> (8 * i))
-	}
-	h.Write(b[:])
-	return h.Sum64() | 1<<63
+	return parent.NewInode(ctx, r, gofs.StableAttr{Mode: rec.Mode & syscall.S_IFMT, Ino: ino, Gen: rec.Generation | 1<<63})
 }
 
 // attrFromRecord fills out with rec's attributes. The change time shown is

@@ -14,6 +14,10 @@ type (
 	Health     = store.Health
 )
 
+// FileIno is the inode number of a file born on node as its local number
+// local (see store.FileIno).
+func FileIno(node string, local uint64) uint64 { return store.FileIno(node, local) }
+
 // The store's errors, as the locator passes them on.
 var (
 	ErrNotFound    = store.ErrNotFound

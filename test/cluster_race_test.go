@@ -3,6 +3,7 @@ package test
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -182,4 +183,116 @@ func TestClusterConcurrentCreates(t *testing.T) {
 		}
 		t.Logf("%s: %d files lost to another node's", mode, losses)
 	}
+}
+
+// TestClusterInodeNumbersStay: a file shows one inode number on every
+// node, before its bytes arrive, once they are here, and after it is
+// fetched again; a hard link of another node's file fails with EXDEV
+// (hard links are per node) and changes nothing, and the owner's file
+// stays its own.
+func TestClusterInodeNumbersStay(t *testing.T) {
+	c := newCluster(t, 3)
+	a, b, z := c.nodes[0], c.nodes[1], c.nodes[2]
+	ino := func(n *node, name string) string {
+		t.Helper()
+		return strings.TrimSpace(n.mustSh("stat -c %i " + name))
+	}
+	a.mustSh("echo x > h")
+	want := ino(a, "h")
+	for _, n := range []*node{b, z} {
+		if got := ino(n, "h"); got != want {
+			t.Fatalf("%s shows h as inode %s before its bytes arrive; %s shows %s", n.name, got, a.name, want)
+		}
+		// readdir's d_ino is stat's.
+		if got := strings.Fields(n.mustSh("ls -i h"))[0]; got != want {
+			t.Fatalf("%s lists h as inode %s, stat says %s", n.name, got, want)
+		}
+	}
+	if r := b.sh("ln h h2"); r.err == nil || !strings.Contains(r.stderr, "Invalid cross-device link") {
+		t.Fatalf("a hard link of another node's file: %v; want EXDEV", r)
+	}
+	if got := b.mustSh("cat h"); got != "x\n" {
+		t.Fatalf("%s reads %q", b.name, got)
+	}
+	if got := ino(b, "h"); got != want {
+		t.Fatalf("%s shows h as inode %s once it is here; it was %s", b.name, got, want)
+	}
+	if got := ino(a, "h"); got != want {
+		t.Fatalf("%s's h became inode %s; it was %s", a.name, got, want)
+	}
+	if rec, ok := a.published("h"); !ok || rec.Owner != a.name {
+		t.Fatalf("h's record %+v, %v: the link attempt must leave it %s's", rec, ok, a.name)
+	}
+	if strings.Contains(a.readLog(), "file was replaced") {
+		t.Fatalf("%s's file was replaced:\n%s", a.name, a.readLog())
+	}
+	// Rewritten in place on its owner, and fetched again: the same file.
+	a.mustSh("echo y > h")
+	if got := b.mustSh("cat h"); got != "y\n" {
+		t.Fatalf("%s reads %q after the rewrite", b.name, got)
+	}
+	for _, n := range c.nodes {
+		if got := ino(n, "h"); got != want {
+			t.Fatalf("%s shows h as inode %s after a rewrite in place; it was %s", n.name, got, want)
+		}
+	}
+	// Appended to on another node: still the same file, everywhere.
+	z.mustSh("echo z >> h")
+	for _, n := range c.nodes {
+		if got := n.mustSh("cat h"); got != "y\nz\n" {
+			t.Fatalf("%s reads %q after the append", n.name, got)
+		}
+		if got := ino(n, "h"); got != want {
+			t.Fatalf("%s shows h as inode %s after an append on %s; it was %s", n.name, got, z.name, want)
+		}
+	}
+	// A rename takes the number along; a new file gets another.
+	b.mustSh("mv h moved")
+	for _, n := range c.nodes {
+		if got := ino(n, "moved"); got != want {
+			t.Fatalf("%s shows the renamed file as inode %s; it was %s", n.name, got, want)
+		}
+	}
+	b.mustSh("echo new > h")
+	if got := ino(a, "h"); got == want {
+		t.Fatalf("a new file at the old name shows the old file's inode %s", got)
+	}
+	// Restarted, a node shows the numbers it showed.
+	before := ino(b, "moved")
+	b.stop()
+	b.start()
+	if got := ino(b, "moved"); got != before {
+		t.Fatalf("after a restart %s shows the file as inode %s; it was %s", b.name, got, before)
+	}
+}
+
+// TestClusterGitClone: git clone of a repository in the mount, into the
+// mount, works from every node, with hard links (git links the objects
+// and checks that each link is its source; it falls back to a copy where
+// a link is refused), and the clones are clean.
+func TestClusterGitClone(t *testing.T) {
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("skipping: git is not installed: run scripts/setup.sh")
+	}
+	c := newCluster(t, 3)
+	a := c.nodes[0]
+	// git probes for files it may create: it waits for none of them.
+	git := "DYADFS_WAIT=0 git -c user.name=t -c user.email=t@t -c init.defaultBranch=main -c safe.directory='*'"
+	a.mustSh(`mkdir repo && cd repo && ` + git + ` init -q && for i in 1 2 3 4 5; do echo $i > f$i; done && mkdir d && echo deep > d/g && ` + git + ` add . && ` + git + ` commit -qm one && echo 6 > f6 && ` + git + ` add f6 && ` + git + ` commit -qm two`)
+	for _, n := range []*node{c.nodes[1], a, c.nodes[2], c.nodes[1]} {
+		dest := "clone-" + n.name + fmt.Sprint(time.Now().UnixNano())
+		n.mustSh(git + " clone -q repo " + dest + " && cd " + dest + " && " + git + " fsck --full --strict && test -z \"$(" + git + " status --porcelain)\" && test \"$(cat d/g)\" = deep")
+		// Cloned again from the clone, on another node.
+		other := c.nodes[(indexOf(c.nodes, n)+1)%len(c.nodes)]
+		other.mustSh(git + " clone -q " + dest + " " + dest + "-again && cd " + dest + "-again && " + git + " fsck --full --strict && test -z \"$(" + git + " status --porcelain)\"")
+	}
+}
+
+func indexOf(nodes []*node, n *node) int {
+	for i, m := range nodes {
+		if m == n {
+			return i
+		}
+	}
+	return -1
 }

@@ -111,6 +111,7 @@ type DMD struct {
 	fetcher *dtl.Fetcher // nil without a transport
 	stats   counters
 	sums    sumCache
+	ids     identities // inherited inode numbers (see identity.go)
 
 	// shutdown is closed, and life canceled, when the filesystem goes
 	// away; they end all waits.

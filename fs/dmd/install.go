@@ -35,6 +35,7 @@ func (d *DMD) Install(tmp *os.File, v dtl.Version) error {
 	if err := d.MarkReplica(tmp, v.Owner, v.Info.Generation); err != nil {
 		return fmt.Errorf("mark %s as a copy: %w", rel, err)
 	}
+	d.inheritFile(tmp, v.Ino)
 	dir, base := path.Split(rel)
 	dirfd, err := d.dirBeneath(strings.TrimSuffix(dir, "/"), st.Uid, st.Gid)
 	if err != nil {

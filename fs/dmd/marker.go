@@ -30,7 +30,7 @@ const publishedXattr = "user.dyadfs.published"
 // IsInternalXattr reports whether name is one of dyadfs's own attributes,
 // which the mount neither shows nor lets users change.
 func IsInternalXattr(name string) bool {
-	return name == markerXattr || name == replicaXattr || name == publishedXattr
+	return name == markerXattr || name == replicaXattr || name == publishedXattr || name == inoXattr
 }
 
 // markPublished notes on rel that it was published at generation gen.

@@ -31,6 +31,9 @@ func (d *DMD) Removed(ctx context.Context, rel string, id FileID, lastName bool)
 	delete(d.copies, rel)
 	delete(d.superseded, rel)
 	d.mu.Unlock()
+	if lastName {
+		d.gone(id)
+	}
 	d.remove(ctx, rel)
 }
 
@@ -110,6 +113,7 @@ func (d *DMD) Replaced(id FileID, lastName bool) {
 	if !lastName {
 		return
 	}
+	d.gone(id)
 	d.mu.Lock()
 	if ws := d.busy[id]; ws != nil && ws.writers == 0 && !ws.ending {
 		d.finishLocked(id, ws)
@@ -221,6 +225,7 @@ func (d *DMD) Made(ctx context.Context, rel string) {
 		return
 	}
 	rec := recordOf(rel, d.cfg.Node, &st)
+	rec.Ino = d.Ino(IDOf(&st))
 	if st.Mode&syscall.S_IFMT == syscall.S_IFLNK {
 		target, err := d.back.Readlink(rel)
 		if err != nil {

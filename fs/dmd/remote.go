@@ -104,6 +104,9 @@ func (d *DMD) OpenForWrite(ctx context.Context, rel string, flags int, tid uint3
 		f.Close()
 		return nil, nil, hfl.Record{}, err
 	}
+	if ok {
+		d.inherit(fd, rec.InodeNumber()) // the same file, written anew
+	}
 	w := d.BeginWrite(IDOf(&st), tid, rel, true)
 	w.Opened(fd)
 	return w, f, rec, nil
@@ -251,6 +254,7 @@ func (d *DMD) linkHere(rel string, rec hfl.Record) error {
 	if os.Geteuid() == 0 {
 		unix.Fchownat(dirfd, base, int(rec.Uid), int(rec.Gid), unix.AT_SYMLINK_NOFOLLOW)
 	}
+	d.inheritAt(rel, rec.InodeNumber())
 	d.noteCopy(rel, copyInfo{owner: rec.Owner, gen: rec.Generation})
 	return nil
 }

@@ -87,6 +87,7 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 		case e.IsDir():
 			if owner, gen, ok := d.replicaMark(rel); d.markers && ok {
 				d.noteCopy(rel, copyInfo{owner: owner, gen: gen, dir: true})
+				d.loadIno(rel)
 			} else if !d.solo() {
 				dirs = append(dirs, rel)
 			}
@@ -109,6 +110,7 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 				return nil
 			}
 			d.noteCopy(rel, copyInfo{owner: owner, gen: gen})
+			d.loadIno(rel)
 			return nil
 		}
 		if d.markers && d.hasMarker(rel) {
@@ -120,6 +122,7 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 			}
 			return nil
 		}
+		d.loadIno(rel)
 		work <- rel
 		return nil
 	})

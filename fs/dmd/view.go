@@ -320,6 +320,8 @@ func (d *DMD) removeBeneath(rel string, dir bool) {
 	d.mu.Unlock()
 	if err := unix.Unlinkat(dirfd, base, flags); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTEMPTY) {
 		d.log.Warn("cannot remove a stale entry", "path", rel, "err", err)
+	} else if err == nil && (st.Nlink <= 1 || flags == unix.AT_REMOVEDIR) {
+		d.gone(FileID{Dev: uint64(st.Dev), Ino: st.Ino})
 	}
 }
 
@@ -454,6 +456,7 @@ func (d *DMD) ShadowDir(ctx context.Context, rel string, rec hfl.Record) error {
 		return nil // made; its attributes stay the daemon's
 	}
 	defer unix.Close(fd)
+	d.inherit(fd, rec.InodeNumber())
 	if os.Geteuid() == 0 {
 		unix.Fchown(fd, int(rec.Uid), int(rec.Gid))
 	}

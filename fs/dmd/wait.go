@@ -27,7 +27,7 @@ func (o owners) Peer(ctx context.Context, node string) (dtl.Peer, error) {
 
 // versionOf is what the fetcher needs of a record.
 func versionOf(rec hfl.Record) dtl.Version {
-	v := dtl.Version{Path: rec.Path, Owner: rec.Owner, Alloc: rec.Alloc, Info: dtl.FileInfo{
+	v := dtl.Version{Path: rec.Path, Owner: rec.Owner, Alloc: rec.Alloc, Ino: rec.InodeNumber(), Info: dtl.FileInfo{
 		Size: rec.Size, Mode: rec.Mode, Uid: rec.Uid, Gid: rec.Gid, MtimeNs: rec.MtimeNs, Generation: rec.Generation, Checksum: rec.Sum}}
 	if rec.Inline != nil {
 		v.Inline = rec.Inline.Data

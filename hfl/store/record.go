@@ -2,6 +2,7 @@ package store
 
 import (
 	"errors"
+	"hash/fnv"
 	"path"
 
 	"github.com/dyadfs/dyadfs/internal/digest"
@@ -32,6 +33,12 @@ type Record struct {
 	// Owner when it published: a consumer checks its copy against it.
 	// Zero when none was computed.
 	Sum digest.Sum `json:"sum,omitzero"`
+	// Ino is the file's inode number on every node: given when the file
+	// was born (a new name created on a node, see FileIno) and kept by
+	// every version written in place, wherever written, as a local
+	// filesystem keeps a file's inode; a rename takes it along. 0 in
+	// records of earlier releases (see InodeNumber).
+	Ino uint64 `json:"ino,omitempty"`
 	// Writing says that Owner is changing a file that was published
 	// before: its attributes are those of the last complete version, and
 	// readers wait for the next publish.
@@ -75,6 +82,38 @@ func (r Record) IsRegular() bool { return r.Mode&modeType == modeRegular }
 
 // IsSymlink reports whether the record describes a symbolic link.
 func (r Record) IsSymlink() bool { return r.Mode&modeType == modeSymlink }
+
+// InodeNumber is the inode number every node shows for the file: Ino, or
+// for a record without one, a number derived from its owner and path.
+func (r Record) InodeNumber() uint64 {
+	if r.Ino != 0 {
+		return r.Ino
+	}
+	h := fnv.New64a()
+	h.Write([]byte(r.Path))
+	return FileIno(r.Owner, h.Sum64())
+}
+
+// FileIno is the inode number of a file born on node as its local number
+// local: a hash of both, so that files born on different nodes do not
+// share numbers, with the top bit clear (go-fuse numbers the inodes it
+// makes up from 2^63) and never one of the numbers FUSE reserves (0, 1).
+func FileIno(node string, local uint64) uint64 {
+	const offset, prime = 14695981039346656037, 1099511628211
+	h := uint64(offset)
+	for i := 0; i < len(node); i++ {
+		h = (h ^ uint64(node[i])) * prime
+	}
+	h *= prime // a NUL byte between the node and the number
+	for i := 0; i < 8; i++ {
+		h = (h ^ (local >> (8 * i) & 0xff)) * prime
+	}
+	h &^= 1 << 63
+	if h < 2 {
+		h += 2
+	}
+	return h
+}
 
 // Name returns the last element of the record's path.
 func (r Record) Name() string { return path.Base(r.Path) }
