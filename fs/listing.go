@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"path"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -44,9 +45,7 @@ func (fsys *FS) openListing(ctx context.Context, rel string, root bool) (gofs.Fi
 			continue
 		}
 		here[de.Name] = struct{}{}
-		if ino := fsys.dmd.Ino(dmd.FileID{Dev: fsys.back().Dev(), Ino: de.Ino}); ino != 0 && de.Ino != 0 {
-			de.Ino = ino // as its stat shows it
-		}
+		de.Ino = fsys.direntIno(rel, de)
 		l.entries = append(l.entries, de)
 	}
 	ds.Close()
@@ -69,6 +68,33 @@ func (fsys *FS) openListing(ctx context.Context, rel string, root bool) (gofs.Fi
 		after = recs[len(recs)-1].Name()
 	}
 	return l, 0, 0
+}
+
+// direntIno is the inode number the listing of directory rel shows for
+// its backing entry de: the number its stat shows (see dmd.Ino), which
+// takes one more look at the entry.
+func (fsys *FS) direntIno(rel string, de fuse.DirEntry) uint64 {
+	p := path.Join(rel, de.Name)
+	switch {
+	case (de.Name == "." || de.Name == "..") && rel == "":
+		return de.Ino // the root's, and outside the mount
+	case de.Name == ".":
+		p = rel
+	case de.Name == "..":
+		p = path.Dir(rel)
+		if p == "." {
+			p = ""
+		}
+	}
+	var st syscall.Stat_t
+	birth, err := fsys.back().LstatGen(p, &st)
+	if err != nil {
+		return de.Ino
+	}
+	if ino := fsys.dmd.Ino(dmd.IDOf(&st), birth); ino != 0 {
+		return ino
+	}
+	return de.Ino
 }
 
 // Readdirent implements gofs.FileReaddirenter.

@@ -34,7 +34,7 @@ func (fsys *FS) back() *backing.Dir { return fsys.dmd.Backing() }
 // kernel ties each of its inodes to one backing file), with the top bit
 // clear: remote nodes have it set (see remote).
 func (fsys *FS) stable(st *syscall.Stat_t, gen uint64) gofs.StableAttr {
-	if ino := fsys.dmd.Ino(dmd.IDOf(st)); ino != 0 {
+	if ino := fsys.dmd.Ino(dmd.IDOf(st), gen); ino != 0 {
 		return gofs.StableAttr{Mode: st.Mode, Ino: ino, Gen: (gen ^ st.Ino*0x9e3779b97f4a7c15) &^ (1 << 63)}
 	}
 	swap := func(dev uint64) uint64 { return dev<<32 | dev>>32 }

@@ -14,9 +14,9 @@ type (
 	Health     = store.Health
 )
 
-// FileIno is the inode number of a file born on node as its local number
-// local (see store.FileIno).
-func FileIno(node string, local uint64) uint64 { return store.FileIno(node, local) }
+// FileIno is the inode number of a file born on node as its local inode
+// ino at time birth (see store.FileIno).
+func FileIno(node string, ino, birth uint64) uint64 { return store.FileIno(node, ino, birth) }
 
 // The store's errors, as the locator passes them on.
 var (

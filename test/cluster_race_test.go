@@ -1,6 +1,7 @@
 package test
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -295,4 +296,79 @@ func indexOf(nodes []*node, n *node) int {
 		}
 	}
 	return -1
+}
+
+// rewriteAndRead is a Python program that, for a while, rewrites one file
+// with O_TRUNC (a whole version: one token repeated) and reads it, each
+// at random, and reports what went wrong: reads that failed (by errno) and
+// reads that were not one whole version. argv: file, seconds, node.
+const rewriteAndRead = `
+import errno, json, os, random, sys, time
+name, secs, node = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+size = 65536
+errs, partial, reads, writes = {}, 0, 0, 0
+end = time.time() + secs
+while time.time() < end:
+    if random.random() < 0.3:
+        tok = ("%s-%012d|" % (node, random.randrange(10**12))).encode()
+        with open(name, "wb") as f:
+            f.write((tok * (size // len(tok) + 1))[:size])
+        writes += 1
+    else:
+        try:
+            with open(name, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            k = errno.errorcode.get(e.errno, str(e.errno))
+            errs[k] = errs.get(k, 0) + 1
+            continue
+        reads += 1
+        tok = data[:data.index(b"|") + 1] if b"|" in data else b""
+        if len(data) != size or not tok or (tok * (size // len(tok) + 1))[:size] != data:
+            partial += 1
+    time.sleep(random.random() * 0.01)
+print(json.dumps({"errors": errs, "partial": partial, "reads": reads, "writes": writes}))
+`
+
+// TestClusterRewrittenWhileSent: three nodes rewrite one file with
+// O_TRUNC and read it, all at once. Every read is one whole version and no
+// open fails: a copy that changed on its owner while it was sent is
+// fetched again in the version that replaced it, not refused as damaged;
+// and nothing is published without its checksum.
+func TestClusterRewrittenWhileSent(t *testing.T) {
+	c := newCluster(t, 3)
+	c.nodes[0].mustSh("head -c 65536 /dev/zero | tr '\\0' x > v")
+	var chs []<-chan result
+	for _, n := range c.nodes {
+		argv := n.argv("python3", "-c", rewriteAndRead, filepath.Join(c.mnt, "v"), "15", n.name)
+		ch, _ := startCmdFor(t, bound, "/", nil, argv[0], argv[1:]...)
+		chs = append(chs, ch)
+	}
+	for i, ch := range chs {
+		r := <-ch
+		n := c.nodes[i]
+		if r.err != nil {
+			t.Fatalf("%s: %v", n.name, r)
+		}
+		t.Logf("%s: %s", n.name, strings.TrimSpace(r.stdout))
+		var got struct {
+			Errors  map[string]int
+			Partial int
+			Reads   int
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+			t.Fatalf("%s: %v: %q", n.name, err, r.stdout)
+		}
+		if len(got.Errors) > 0 || got.Partial > 0 || got.Reads == 0 {
+			t.Errorf("%s: %d reads, failed opens %v, %d reads not one whole version", n.name, got.Reads, got.Errors, got.Partial)
+		}
+	}
+	for _, n := range c.nodes {
+		log := n.readLog()
+		for _, bad := range []string{"copy does not match its published checksum", "publishing it without"} {
+			if strings.Contains(log, bad) {
+				t.Errorf("%s's log says %q", n.name, bad)
+			}
+		}
+	}
 }

@@ -60,7 +60,7 @@ func (c *sumCache) put(st *syscall.Stat_t, sum digest.Sum) {
 // written, the file was just written here: no checksum of its is reused.
 func (d *DMD) fileRecord(rel string, fd int, st *syscall.Stat_t, inline *hfl.Inline, written bool) hfl.Record {
 	rec := recordOf(rel, d.cfg.Node, st)
-	rec.Ino = d.Ino(IDOf(st))
+	rec.Ino = d.inoOf(rel, fd, st)
 	rec.Inline = inline
 	if st.Mode&syscall.S_IFMT != syscall.S_IFREG || d.solo() {
 		return rec // nothing is ever fetched

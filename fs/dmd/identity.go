@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dyadfs/dyadfs/fs/backing"
 	"github.com/dyadfs/dyadfs/hfl"
 )
 
@@ -27,23 +28,27 @@ const inoXattr = "user.dyadfs.ino"
 // identities maps backing files to the inode numbers they inherited.
 type identities struct {
 	mu sync.RWMutex
-	m  map[FileID]uint64
+	m  map[FileID]inherited
 }
 
-func (ids *identities) get(id FileID) (uint64, bool) {
+// inherited is a backing file's inherited number, with the file's birth
+// (a file that took a freed inode number is another file).
+type inherited struct{ ino, birth uint64 }
+
+func (ids *identities) get(id FileID, birth uint64) (uint64, bool) {
 	ids.mu.RLock()
 	defer ids.mu.RUnlock()
-	ino, ok := ids.m[id]
-	return ino, ok
+	in, ok := ids.m[id]
+	return in.ino, ok && in.birth == birth
 }
 
-func (ids *identities) set(id FileID, ino uint64) {
+func (ids *identities) set(id FileID, in inherited) {
 	ids.mu.Lock()
 	defer ids.mu.Unlock()
 	if ids.m == nil {
-		ids.m = make(map[FileID]uint64)
+		ids.m = make(map[FileID]inherited)
 	}
-	ids.m[id] = ino
+	ids.m[id] = in
 }
 
 func (ids *identities) drop(id FileID) {
@@ -52,25 +57,44 @@ func (ids *identities) drop(id FileID) {
 	delete(ids.m, id)
 }
 
-// Ino returns the inode number the mount shows for backing file id, with
-// other nodes (see above); on a node alone, 0: the backing filesystem's
-// own number is shown.
-func (d *DMD) Ino(id FileID) uint64 {
+// Ino returns the inode number the mount shows for backing file id, born
+// at birth (see backing.LstatGen), with other nodes (see above); on a node
+// alone, 0: the backing filesystem's own number is shown.
+func (d *DMD) Ino(id FileID, birth uint64) uint64 {
 	if d.solo() {
 		return 0
 	}
-	if ino, ok := d.ids.get(id); ok {
+	if ino, ok := d.ids.get(id, birth); ok {
 		return ino
 	}
-	return hfl.FileIno(d.cfg.Node, d.localIno(id))
+	return d.bornIno(id, birth)
 }
 
-// localIno is backing file id's number here: its inode number, with its
-// device's mixed in when it is not the backing directory's (a filesystem
-// mounted inside it).
-func (d *DMD) localIno(id FileID) uint64 {
+// bornIno is the number of backing file id, born here at birth.
+func (d *DMD) bornIno(id FileID, birth uint64) uint64 {
 	swap := func(dev uint64) uint64 { return dev<<32 | dev>>32 }
-	return swap(id.Dev) ^ swap(d.back.Dev()) ^ id.Ino
+	// The device is mixed in when it is not the backing directory's (a
+	// filesystem mounted inside it).
+	return hfl.FileIno(d.cfg.Node, swap(id.Dev)^swap(d.back.Dev())^id.Ino, birth)
+}
+
+// inoOf is Ino for a backing file whose stat is st.
+func (d *DMD) inoOf(rel string, fd int, st *syscall.Stat_t) uint64 {
+	if d.solo() {
+		return 0
+	}
+	var birth uint64
+	var err error
+	var again syscall.Stat_t
+	if fd >= 0 {
+		birth, err = backing.FstatGen(fd, &again)
+	} else {
+		birth, err = d.back.LstatGen(rel, &again)
+	}
+	if err != nil || IDOf(&again) != IDOf(st) {
+		return 0
+	}
+	return d.Ino(IDOf(st), birth)
 }
 
 // inherit gives the backing file open as fd the inode number ino of the
@@ -81,49 +105,48 @@ func (d *DMD) inherit(fd int, ino uint64) {
 		return
 	}
 	var st syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err != nil {
+	birth, err := backing.FstatGen(fd, &st)
+	if err != nil {
 		return
 	}
-	id := IDOf(&st)
-	if ino == hfl.FileIno(d.cfg.Node, d.localIno(id)) {
+	d.keepIno(IDOf(&st), birth, ino, func(v []byte) error { return unix.Fsetxattr(fd, inoXattr, v, 0) })
+}
+
+// keepIno records that backing file id, born at birth, inherited ino,
+// and keeps it on disk through setx.
+func (d *DMD) keepIno(id FileID, birth, ino uint64, setx func([]byte) error) {
+	if ino == d.bornIno(id, birth) {
 		return // its own already
 	}
-	d.ids.set(id, ino)
-	if d.markers {
-		if err := unix.Fsetxattr(fd, inoXattr, []byte(strconv.FormatUint(ino, 10)), 0); err != nil {
-			d.log.Debug("cannot keep a file's inode number on disk", "err", err)
-		}
+	d.ids.set(id, inherited{ino: ino, birth: birth})
+	if !d.markers || setx == nil {
+		return
+	}
+	if err := setx([]byte(strconv.FormatUint(ino, 10))); err != nil {
+		d.log.Debug("cannot keep a file's inode number on disk", "err", err)
 	}
 }
 
 // inheritFile is inherit for a file open as f.
 func (d *DMD) inheritFile(f *os.File, ino uint64) { d.inherit(int(f.Fd()), ino) }
 
-// inheritAt is inherit for backing path rel (not followed if a link).
+// inheritAt is inherit for backing path rel, not followed if it is a
+// symbolic link (which keeps it only while the daemon runs: links take no
+// user attributes).
 func (d *DMD) inheritAt(rel string, ino uint64) {
 	if d.solo() || ino == 0 {
 		return
 	}
-	fd, err := d.back.OpenFile(rel, unix.O_PATH|unix.O_NOFOLLOW, 0)
+	var st syscall.Stat_t
+	birth, err := d.back.LstatGen(rel, &st)
 	if err != nil {
 		return
 	}
-	defer unix.Close(fd)
-	var st syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err != nil {
-		return
+	var setx func([]byte) error
+	if st.Mode&syscall.S_IFMT != syscall.S_IFLNK {
+		setx = func(v []byte) error { return d.back.Setxattr(rel, inoXattr, v, 0) }
 	}
-	id := IDOf(&st)
-	if ino == hfl.FileIno(d.cfg.Node, d.localIno(id)) {
-		return
-	}
-	d.ids.set(id, ino)
-	if d.markers && st.Mode&syscall.S_IFMT != syscall.S_IFLNK {
-		// Not through the O_PATH descriptor: the kernel refuses it.
-		if err := d.back.Setxattr(rel, inoXattr, []byte(strconv.FormatUint(ino, 10)), 0); err != nil {
-			d.log.Debug("cannot keep a file's inode number on disk", "path", rel, "err", err)
-		}
-	}
+	d.keepIno(IDOf(&st), birth, ino, setx)
 }
 
 // loadIno takes the inode number the backing file at rel inherited, kept
@@ -142,8 +165,8 @@ func (d *DMD) loadIno(rel string) {
 		return
 	}
 	var st syscall.Stat_t
-	if d.back.Lstat(rel, &st) == nil {
-		d.ids.set(IDOf(&st), ino)
+	if birth, err := d.back.LstatGen(rel, &st); err == nil {
+		d.ids.set(IDOf(&st), inherited{ino: ino, birth: birth})
 	}
 }
 

@@ -225,7 +225,7 @@ func (d *DMD) Made(ctx context.Context, rel string) {
 		return
 	}
 	rec := recordOf(rel, d.cfg.Node, &st)
-	rec.Ino = d.Ino(IDOf(&st))
+	rec.Ino = d.inoOf(rel, -1, &st)
 	if st.Mode&syscall.S_IFMT == syscall.S_IFLNK {
 		target, err := d.back.Readlink(rel)
 		if err != nil {

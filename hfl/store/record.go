@@ -91,22 +91,26 @@ func (r Record) InodeNumber() uint64 {
 	}
 	h := fnv.New64a()
 	h.Write([]byte(r.Path))
-	return FileIno(r.Owner, h.Sum64())
+	return FileIno(r.Owner, h.Sum64(), 0)
 }
 
-// FileIno is the inode number of a file born on node as its local number
-// local: a hash of both, so that files born on different nodes do not
-// share numbers, with the top bit clear (go-fuse numbers the inodes it
-// makes up from 2^63) and never one of the numbers FUSE reserves (0, 1).
-func FileIno(node string, local uint64) uint64 {
+// FileIno is the inode number of a file born on node as its local inode
+// ino, at time birth (ns; 0 if unknown): a hash of the three, so that
+// files born on different nodes, or in one inode a filesystem reused, do
+// not share numbers, with the top bit clear (go-fuse numbers the inodes
+// it makes up from 2^63) and never one of the numbers FUSE reserves (0,
+// 1).
+func FileIno(node string, ino, birth uint64) uint64 {
 	const offset, prime = 14695981039346656037, 1099511628211
 	h := uint64(offset)
 	for i := 0; i < len(node); i++ {
 		h = (h ^ uint64(node[i])) * prime
 	}
-	h *= prime // a NUL byte between the node and the number
-	for i := 0; i < 8; i++ {
-		h = (h ^ (local >> (8 * i) & 0xff)) * prime
+	h *= prime // a NUL byte between the node and the numbers
+	for _, x := range [2]uint64{ino, birth} {
+		for i := 0; i < 8; i++ {
+			h = (h ^ (x >> (8 * i) & 0xff)) * prime
+		}
 	}
 	h &^= 1 << 63
 	if h < 2 {
