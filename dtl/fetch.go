@@ -267,6 +267,7 @@ func (f *Fetcher) transfer(ctx context.Context, rec Version) error {
 	var b backoff
 	var failingSince time.Time
 	var last error
+	mismatched := false
 	for attempt := 0; ; attempt++ {
 		m, err := f.owner(ctx, rec.Owner, attempt > 0)
 		if errors.Is(err, ErrOwnerGone) {
@@ -286,6 +287,20 @@ func (f *Fetcher) transfer(ctx context.Context, rec Version) error {
 			case stale:
 				return fmt.Errorf("%w: %w", ErrStale, err)
 			case final:
+				if errors.Is(err, ErrCorrupt) && !mismatched {
+					// The owner's file may have changed under the
+					// transfer (rewritten in place), or the bytes on
+					// the way: the next transfer brings the version
+					// the owner has now, or is refused if it is not
+					// published yet. Damage that stays fails it.
+					mismatched = true
+					f.log.Warn("copy does not match its published checksum; fetching it again", "path", rec.Path,
+						"owner", rec.Owner, "node", f.cfg.Node, "err", err)
+					continue
+				}
+				if errors.Is(err, ErrCorrupt) {
+					f.corrupt(rec, "transfer", err)
+				}
 				return f.failed(rec, err)
 			}
 			if errors.Is(err, net.ErrClosed) && ctx.Err() == nil && f.ctx.Err() != nil {
@@ -485,9 +500,6 @@ func (f *Fetcher) once(ctx context.Context, addr string, rec Version) error {
 	})
 	if err == nil {
 		f.stats.Transfers.Add(1)
-	}
-	if errors.Is(err, ErrCorrupt) {
-		f.corrupt(rec, "transfer", err)
 	}
 	return err
 }

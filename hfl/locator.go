@@ -592,7 +592,8 @@ func (l *Locator) Published(ctx context.Context, path string) (Record, error) {
 func (l *Locator) Told(path string) (rec Record, exists, ok bool) {
 	n := l.notices.Load()
 	if n == nil {
-		return Record{}, false, false
+		rec, ok := l.cache.get(path) // this node's own publishes
+		return rec, ok, ok
 	}
 	rec, exists, gen, ok := n.holder.told(path)
 	if ok && !exists {

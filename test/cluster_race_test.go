@@ -301,12 +301,11 @@ func indexOf(nodes []*node, n *node) int {
 // rewriteAndRead is a Python program that, for a while, rewrites one file
 // with O_TRUNC (a whole version: one token repeated) and reads it, each
 // at random, and reports what went wrong: reads that failed (by errno) and
-// reads that were not one whole version. argv: file, seconds, node.
+// reads that were not one whole version. argv: file, seconds, node, size.
 const rewriteAndRead = `
 import errno, json, os, random, sys, time
-name, secs, node = sys.argv[1], float(sys.argv[2]), sys.argv[3]
-size = 65536
-errs, partial, reads, writes = {}, 0, 0, 0
+name, secs, node, size = sys.argv[1], float(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+errs, partial, reads, writes, bad = {}, 0, 0, 0, []
 end = time.time() + secs
 while time.time() < end:
     if random.random() < 0.3:
@@ -323,11 +322,14 @@ while time.time() < end:
             errs[k] = errs.get(k, 0) + 1
             continue
         reads += 1
-        tok = data[:data.index(b"|") + 1] if b"|" in data else b""
+        tok = data[:data.index(b"|") + 1] if b"|" in data else b"x"  # the first version
         if len(data) != size or not tok or (tok * (size // len(tok) + 1))[:size] != data:
             partial += 1
+            if len(bad) < 3:
+                toks = sorted(set(data.split(b"|")))
+                bad.append("%d bytes, %d tokens: %r" % (len(data), len(toks), [t[:30] for t in toks[:4]]))
     time.sleep(random.random() * 0.01)
-print(json.dumps({"errors": errs, "partial": partial, "reads": reads, "writes": writes}))
+print(json.dumps({"errors": errs, "partial": partial, "reads": reads, "writes": writes, "bad": bad}))
 `
 
 // TestClusterRewrittenWhileSent: three nodes rewrite one file with
@@ -337,10 +339,11 @@ print(json.dumps({"errors": errs, "partial": partial, "reads": reads, "writes": 
 // and nothing is published without its checksum.
 func TestClusterRewrittenWhileSent(t *testing.T) {
 	c := newCluster(t, 3)
-	c.nodes[0].mustSh("head -c 65536 /dev/zero | tr '\\0' x > v")
+	const size = 1 << 20
+	c.nodes[0].mustSh(fmt.Sprintf("head -c %d /dev/zero | tr '\\0' x > v", size))
 	var chs []<-chan result
 	for _, n := range c.nodes {
-		argv := n.argv("python3", "-c", rewriteAndRead, filepath.Join(c.mnt, "v"), "15", n.name)
+		argv := n.argv("python3", "-c", rewriteAndRead, filepath.Join(c.mnt, "v"), "15", n.name, fmt.Sprint(size))
 		ch, _ := startCmdFor(t, bound, "/", nil, argv[0], argv[1:]...)
 		chs = append(chs, ch)
 	}

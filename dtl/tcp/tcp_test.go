@@ -493,9 +493,11 @@ func (d intoDir) Install(tmp *os.File, v dtl.Version) error {
 }
 
 // A byte flipped in transit: the copy does not match the owner's
-// checksum, the fetch fails for good with EIO, nothing is installed and
-// the mismatch is logged with the path and both nodes. Straight to the
-// server, the same file arrives.
+// checksum, so it is not installed; the mismatch is logged with the path
+// and both nodes, and the next transfer brings the file whole. (Damage
+// that stays, on the owner's disk, fails the fetch with EIO: the
+// conformance suite's CorruptContent.) Straight to the server, the same
+// file arrives.
 func TestCorruptInTransit(t *testing.T) {
 	s := dtltest.NewSecret()
 	server, src, _ := served(t, s, opts{node: "owner"})
@@ -504,12 +506,12 @@ func TestCorruptInTransit(t *testing.T) {
 	rand.Read(data)
 	src.WriteFile("f", data)
 	for _, c := range []struct {
-		name string
-		addr string
-		want error
+		name    string
+		addr    string
+		flipped bool
 	}{
-		{"flipped on the way", flipProxy(t, server.Addr(), 2<<20), dtl.ErrCorrupt},
-		{"straight", server.Addr(), nil},
+		{"flipped on the way", flipProxy(t, server.Addr(), 2<<20), true},
+		{"straight", server.Addr(), false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dest := t.TempDir()
@@ -523,20 +525,17 @@ func TestCorruptInTransit(t *testing.T) {
 			defer f.Close()
 			err = f.Fetch(ctxFor(t), dtl.Version{Path: "f", Owner: "owner", Info: dtl.FileInfo{Size: int64(len(data)), Generation: 1}})
 			got, rerr := os.ReadFile(filepath.Join(dest, "f"))
-			if c.want == nil {
-				if err != nil || !bytes.Equal(got, data) || f.Stats().Verified.Load() != 1 {
-					t.Fatalf("fetch: %v, read %v, verified %d", err, rerr, f.Stats().Verified.Load())
-				}
-				return
-			}
-			if !errors.Is(err, c.want) || dtl.ReaderErrno(err) != 5 /* EIO */ {
-				t.Errorf("fetch: %v, want %v (EIO)", err, c.want)
-			}
-			if rerr == nil {
-				t.Error("the damaged copy was installed")
+			// A damaged copy is never installed; the transfer that
+			// follows it brings the file whole (the proxy damages the
+			// first one only), and the mismatch is logged.
+			if err != nil || rerr != nil || !bytes.Equal(got, data) || f.Stats().Verified.Load() != 1 || f.Stats().Corrupt.Load() != 0 {
+				t.Fatalf("fetch: %v, read %v, verified %d, corrupt %d", err, rerr, f.Stats().Verified.Load(), f.Stats().Corrupt.Load())
 			}
 			line := lb.String()
-			for _, w := range []string{"does not match its published checksum", "path=f", "owner=owner", "node=consumer"} {
+			if !c.flipped {
+				return
+			}
+			for _, w := range []string{"does not match its published checksum; fetching it again", "path=f", "owner=owner", "node=consumer"} {
 				if !strings.Contains(line, w) {
 					t.Errorf("log lacks %q:\n%s", w, line)
 				}

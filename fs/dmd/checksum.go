@@ -1,6 +1,7 @@
 package dmd
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -58,27 +59,56 @@ func (c *sumCache) put(st *syscall.Stat_t, sum digest.Sum) {
 // (read through /proc, so a write-only one does); otherwise the file is
 // opened at rel. inline, if not nil, is its content, read already. With
 // written, the file was just written here: no checksum of its is reused.
-func (d *DMD) fileRecord(rel string, fd int, st *syscall.Stat_t, inline *hfl.Inline, written bool) hfl.Record {
+//
+// Nothing is published unverified because of a race: a file that changes
+// while it is hashed is hashed again as it is then (st is updated), up to
+// a few times; one that still changes, or that went from rel (renamed
+// away: the rename publishes its new name), fails (errGone for the
+// latter), and the caller does not publish it now.
+func (d *DMD) fileRecord(rel string, fd int, st *syscall.Stat_t, inline *hfl.Inline, written bool) (hfl.Record, error) {
+	for attempt := 0; ; attempt++ {
+		rec, err := d.fileRecordOnce(rel, fd, st, inline, written)
+		if err == nil || attempt == 2 {
+			return rec, err
+		}
+		inline, written = nil, true
+		var now syscall.Stat_t
+		if fd >= 0 {
+			err = syscall.Fstat(fd, &now)
+		} else {
+			err = d.back.Lstat(rel, &now)
+		}
+		if errors.Is(err, syscall.ENOENT) || (err == nil && (IDOf(&now) != IDOf(st) || now.Nlink == 0)) {
+			return hfl.Record{}, fmt.Errorf("%s: %w", rel, errGone)
+		}
+		if err != nil {
+			return hfl.Record{}, err
+		}
+		*st = now
+	}
+}
+
+// errGone: the file is no longer at the path being published.
+var errGone = errors.New("the file went from its path")
+
+func (d *DMD) fileRecordOnce(rel string, fd int, st *syscall.Stat_t, inline *hfl.Inline, written bool) (hfl.Record, error) {
 	rec := recordOf(rel, d.cfg.Node, st)
 	rec.Ino = d.inoOf(rel, fd, st)
 	rec.Inline = inline
 	if st.Mode&syscall.S_IFMT != syscall.S_IFREG || d.solo() {
-		return rec // nothing is ever fetched
+		return rec, nil // nothing is ever fetched
 	}
 	if sum, ok := d.sums.get(st); ok && !written {
 		rec.Sum = sum
-		return rec
+		return rec, nil
 	}
 	sum, err := d.checksum(rel, fd, st, inline)
 	if err != nil {
-		// Published without one: consumers install it unverified
-		// (counted), which beats not publishing a file that is there.
-		d.log.Warn("cannot checksum file; publishing it without", "path", rel, "err", err)
-		return rec
+		return hfl.Record{}, fmt.Errorf("checksum %s: %w", rel, err)
 	}
 	d.sums.put(st, sum)
 	rec.Sum = sum
-	return rec
+	return rec, nil
 }
 
 // checksum hashes the file (see fileRecord), and fails if it changed

@@ -207,7 +207,12 @@ func (d *DMD) Changed(ctx context.Context, rel string) {
 		// another node's file (its owner publishes it).
 		return
 	}
-	d.publishNow(ctx, d.fileRecord(rel, -1, st, nil, false))
+	rec, err := d.fileRecord(rel, -1, st, nil, false)
+	if err != nil {
+		d.notHashed(rel, err)
+		return
+	}
+	d.publishNow(ctx, rec)
 }
 
 // Made is called when a directory, a symbolic link or another non-regular

@@ -143,7 +143,14 @@ func (d *DMD) reconcile(ctx context.Context, rel string, op retryOp) error {
 	if _, isCopy := d.copyOf(rel); !complete || isCopy {
 		return nil
 	}
-	out, err := d.loc.Publish(ctx, d.fileRecord(rel, -1, st, nil, false))
+	rec, err := d.fileRecord(rel, -1, st, nil, false)
+	if errors.Is(err, errGone) {
+		return nil // renamed or removed meanwhile: that change publishes
+	}
+	if err != nil {
+		return err
+	}
+	out, err := d.loc.Publish(ctx, rec)
 	if err != nil {
 		return err
 	}

@@ -150,7 +150,7 @@ func (d *DMD) scanOwn(ctx context.Context, rel string, res *ScanResult, count fu
 		return
 	}
 	if d.solo() {
-		if d.publish(ctx, d.fileRecord(rel, -1, st, nil, false)) == nil {
+		if d.publishFile(ctx, rel, st) == nil {
 			count(&res.Published)
 		}
 		return
@@ -179,7 +179,7 @@ func (d *DMD) scanOwn(ctx context.Context, rel string, res *ScanResult, count fu
 	case err == nil && !rec.Writing && rec.Size == st.Size && rec.MtimeNs == st.Mtim.Nano() && rec.Mode == st.Mode:
 		return // published as it is
 	}
-	if d.publish(ctx, d.fileRecord(rel, -1, st, nil, false)) == nil {
+	if d.publishFile(ctx, rel, st) == nil {
 		count(&res.Published)
 	}
 }

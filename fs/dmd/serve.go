@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -80,11 +81,17 @@ func (d *DMD) servable(ctx context.Context, rel string, f *os.File, gen uint64) 
 	d.mu.Lock()
 	busy := d.busy[IDOf(&st)] != nil
 	ahead, publishing := d.publishing[rel]
+	releasing := d.releasing[rel] > 0
 	d.mu.Unlock()
-	if busy {
+	aheadIsIt := publishing && ahead.Size == st.Size && ahead.MtimeNs == st.Mtim.Nano()
+	if busy || (releasing && !aheadIsIt) {
+		// Being written, or a version just written is being hashed
+		// and published: its record is not the one the consumer
+		// located (a rewrite in place can keep the size, and the
+		// clock's tick the mtime), so the consumer waits for it.
 		return dtl.FileInfo{}, fmt.Errorf("%s: %w", rel, dtl.ErrBusy)
 	}
-	if publishing && gen == 0 && ahead.Size == st.Size && ahead.MtimeNs == st.Mtim.Nano() {
+	if aheadIsIt && gen == 0 {
 		// Its publish is being committed: a consumer told ahead of it
 		// asks for it (generation 0, none assigned yet).
 		d.stats.serves.Add(1)
@@ -122,20 +129,45 @@ func (d *DMD) servable(ctx context.Context, rel string, f *os.File, gen uint64) 
 // authoritativeWait bounds asking the store for a generation a consumer saw.
 const authoritativeWait = 2 * time.Second
 
-// Unchanged implements dtl.Source: f, just sent, is still what info says,
-// and no writer has it open.
+// Unchanged implements dtl.Source: f, just sent, is still what info says:
+// no writer has it open, none wrote it since (a version written is being
+// published, or was), and nothing replaced it. Size and mtime alone would
+// not tell: a rewrite in place can keep the size, and the clock's tick
+// the mtime, while the bytes sent are a mix of two versions.
 func (d *DMD) Unchanged(f *os.File, info dtl.FileInfo) error {
 	var st syscall.Stat_t
 	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
 		return err
 	}
+	changed := func() error { return fmt.Errorf("%s changed while it was sent: %w", f.Name(), dtl.ErrBusy) }
+	rel, _ := filepath.Rel(d.cfg.Backing, f.Name())
 	d.mu.Lock()
 	busy := d.busy[IDOf(&st)] != nil
+	p, publishing := d.publishing[rel]
+	releasing := d.releasing[rel] > 0
 	d.mu.Unlock()
 	if busy || st.Size != info.Size || st.Mtim.Nano() != info.MtimeNs {
-		return fmt.Errorf("%s changed while it was sent: %w", f.Name(), dtl.ErrBusy)
+		return changed()
+	}
+	if publishing && sameVersion(p, info) {
+		return nil // the version being published, sent ahead of its commit
+	}
+	if releasing || publishing {
+		return changed()
+	}
+	// A change of the path since the version sent (written here and
+	// published, replaced or removed elsewhere), unless it kept the bytes
+	// (a chmod, a rename back).
+	if rec, exists, ok := d.loc.Told(rel); ok && rec.Generation > info.Generation &&
+		(!exists || rec.Owner != d.cfg.Node || rec.Writing || !sameVersion(rec, info)) {
+		return changed()
 	}
 	return nil
+}
+
+// sameVersion reports whether rec describes the file info describes.
+func sameVersion(rec hfl.Record, info dtl.FileInfo) bool {
+	return rec.Size == info.Size && rec.MtimeNs == info.MtimeNs && rec.Sum == info.Checksum
 }
 
 var _ dtl.MessageHandler = (*DMD)(nil)

@@ -348,3 +348,44 @@ func TestCloseReportsTheStoresVerdict(t *testing.T) {
 		t.Fatalf("written after its close: %+v, %v; want a newer publish of 5 bytes", rec, err)
 	}
 }
+
+// TestUnchangedSeesRewriteInPlace: a file rewritten in place while it is
+// sent, keeping its size and its mtime (two writes within one tick of the
+// clock), is reported changed: the consumer waits for the new version
+// instead of taking a mix of two for damage.
+func TestUnchangedSeesRewriteInPlace(t *testing.T) {
+	fx := newFixture(t, nil)
+	w, f := fx.create("r.dat")
+	f.WriteString("aaaa")
+	fx.end(w, f, "r.dat")
+	rec, err := fx.record("r.dat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sf, info, err := fx.d.OpenPublished(fx.ctx(), dtl.Request{Path: "r.dat", Generation: rec.Generation})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sf.Close()
+	p := filepath.Join(fx.dir, "r.dat")
+	st, _ := os.Stat(p)
+	w, f = fx.openWrite("r.dat", os.O_WRONLY|os.O_TRUNC)
+	f.WriteString("bbbb")
+	os.Chtimes(p, st.ModTime(), st.ModTime())
+	if err := fx.d.Unchanged(sf, info); !errors.Is(err, dtl.ErrBusy) {
+		t.Fatalf("while it is written: %v, want dtl.ErrBusy", err)
+	}
+	fx.end(w, f, "r.dat")
+	if err := fx.d.Unchanged(sf, info); !errors.Is(err, dtl.ErrBusy) {
+		t.Fatalf("rewritten with its size and mtime kept: %v, want dtl.ErrBusy", err)
+	}
+	// Served again, it is the new version, unchanged.
+	sf2, info2, err := fx.d.OpenPublished(fx.ctx(), dtl.Request{Path: "r.dat"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sf2.Close()
+	if err := fx.d.Unchanged(sf2, info2); err != nil || info2.Checksum == info.Checksum {
+		t.Fatalf("the new version: %v, checksum %v (was %v)", err, info2.Checksum, info.Checksum)
+	}
+}

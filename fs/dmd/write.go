@@ -244,7 +244,12 @@ func (w *Writer) again(ctx context.Context, fd int, rel string, verdict bool) er
 		return nil
 	}
 	d.loc.Changed(rel)
-	return d.publishFor(ctx, d.fileRecord(rel, fd, &st, nil, true), verdict)
+	rec, err := d.fileRecord(rel, fd, &st, nil, true)
+	if err != nil {
+		d.notHashed(rel, err)
+		return nil
+	}
+	return d.publishFor(ctx, rec, verdict)
 }
 
 // finish drops the handle and, when it was the last, finishes the file:
@@ -353,7 +358,16 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, verdict bool) (
 		d.loc.Changed(name)
 		if changed {
 			// Hashed once (the first name), for every name.
-			rec := d.fileRecord(name, fd, &st, inline, written)
+			rec, err := d.fileRecord(name, fd, &st, inline, written)
+			if err != nil {
+				d.mu.Lock()
+				rejoined := ws.writers > 0 // its next last writer publishes it
+				d.mu.Unlock()
+				if !rejoined {
+					d.notHashed(name, err)
+				}
+				continue
+			}
 			written = false
 			// Without a verdict, a failed publish is only retried
 			// (publish logs it): the release has no one to tell.
@@ -499,6 +513,30 @@ func (w *Writer) Changed(fd int) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return w.ws.dirty || w.ws.incomplete || !w.ws.haveBefore || stampOf(&st) != w.ws.before
+}
+
+// notHashed deals with a file whose record could not be made (see
+// fileRecord): one that went from rel is published by the change that
+// took it; one that kept changing while it was hashed, or could not be
+// read, is published later, hashed again (listed as pending meanwhile).
+// Nothing is published unverified.
+func (d *DMD) notHashed(rel string, err error) {
+	if errors.Is(err, errGone) {
+		d.log.Debug("file went before it was published; the change that took it publishes it", "path", rel, "err", err)
+		return
+	}
+	d.log.Info("file could not be hashed for its publish; hashed and published again shortly", "path", rel, "err", err)
+	d.retryLater(rel, retryPublish, err)
+}
+
+// publishFile publishes the complete file at rel, whose lstat is st.
+func (d *DMD) publishFile(ctx context.Context, rel string, st *syscall.Stat_t) error {
+	rec, err := d.fileRecord(rel, -1, st, nil, false)
+	if err != nil {
+		d.notHashed(rel, err)
+		return err
+	}
+	return d.publish(ctx, rec)
 }
 
 // publish records rec in the store; the nodes that hold the path hear of
