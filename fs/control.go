@@ -36,6 +36,9 @@ type Located struct {
 	// Published is the global store's record, which other nodes see; nil
 	// when the path is not published.
 	Published *hfl.Record `json:"published,omitempty"`
+	// Home is the node every change of the path goes through, in this
+	// node's view of the members (none on a node alone).
+	Home string `json:"home,omitempty"`
 }
 
 // Status is what the status file holds.
@@ -187,7 +190,7 @@ func (l *locateDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	if err != nil {
 		return nil, l.fsys.errno("locate", rel, err)
 	}
-	located := Located{Level: level.String(), Record: rec}
+	located := Located{Level: level.String(), Record: rec, Home: loc.HomeOf(rel)}
 	if pub, err := loc.Published(ctx, rel); err == nil {
 		located.Published = &pub
 	}

@@ -424,6 +424,51 @@ func (s *holderSide) broken(from, p string, rec *Record, gen uint64, listing, en
 	}
 }
 
+// maxRevokedDirs bounds the directories whose entries the kernel is made
+// to forget when a home revokes this node's promises.
+const maxRevokedDirs = 4096
+
+// revoked takes home's word that every promise this node has from it is
+// void (it took this node for cut off): what this node knows stays, as
+// known but not promised, and is asked about again; listings from it are
+// dropped, and the kernel forgets the entries it showed from them.
+func (s *holderSide) revoked(home string) {
+	n := s.n
+	n.revoked.Add(1)
+	dirs := make(map[string]struct{})
+	waiting := n.l.waits.paths()
+	var rewait []string
+	s.mu.Lock()
+	for p, k := range s.known {
+		if k.p.home.Node == home {
+			k.p = promise{}
+			if _, ok := waiting[p]; ok {
+				rewait = append(rewait, p)
+			}
+			if len(dirs) < maxRevokedDirs {
+				dir, _ := splitPath(p)
+				dirs[dir] = struct{}{}
+			}
+		}
+	}
+	for dir, l := range s.lists {
+		if l.p.home.Node == home {
+			delete(s.lists, dir)
+			dirs[dir] = struct{}{}
+		}
+	}
+	s.mu.Unlock()
+	for _, p := range rewait {
+		n.l.waits.fire(p, nil, false) // the wait registers at the home again
+	}
+	n.log.Info("a home dropped this node's promises (it took it for cut off); what they covered is asked about again", "home", home, "directories", len(dirs))
+	if local := n.l.local; local != nil {
+		for dir := range dirs {
+			local.ListingDropped(dir)
+		}
+	}
+}
+
 // missCount counts missing paths asked about in one directory.
 type missCount struct {
 	n     int

@@ -34,6 +34,9 @@ type homeSide struct {
 	nknown   int
 	ahead    map[string]aheadRecord
 	held     *heldData
+	// revoking holds the holders taken for cut off (see silent) that
+	// are not told yet that their promises are void.
+	revoking map[string]bool
 }
 
 // homeDir is a directory this node is (or was) home of.
@@ -60,7 +63,8 @@ type aheadRecord struct {
 }
 
 func newHomeSide(n *notices) *homeSide {
-	return &homeSide{n: n, dirs: make(map[string]*homeDir), ahead: make(map[string]aheadRecord), held: newHeldData()}
+	return &homeSide{n: n, dirs: make(map[string]*homeDir), ahead: make(map[string]aheadRecord), held: newHeldData(),
+		revoking: make(map[string]bool)}
 }
 
 func splitPath(p string) (dir, name string) {
@@ -369,7 +373,9 @@ func (h *homeSide) tell(ctx context.Context, p string, targets []target, msg not
 	wg.Wait()
 }
 
-// tellOne tells one holder; see tell.
+// tellOne tells one holder; see tell. A holder that does not take the
+// change within holderSilence (with persist; after three tries without)
+// is taken for cut off: see silent.
 func (h *homeSide) tellOne(ctx context.Context, p string, t target, msg notice, persist bool) {
 	n := h.n
 	msg.Listing, msg.ListingEnded, msg.Held = t.listing, t.ended, t.held
@@ -378,22 +384,32 @@ func (h *homeSide) tellOne(ctx context.Context, p string, t target, msg notice, 
 		h.n.holder.brokenBy(msg)
 		return
 	}
+	deadline := time.Now().Add(n.t.silence)
 	for attempt := 0; ; attempt++ {
 		m, ok := n.member(t.node)
 		if !ok {
-			h.drop(p, t.node) // gone: its promises went with it
+			// Gone from the members: its promises went with it, but it
+			// may come back believing them (cut off, its lease ran out).
+			h.silent(p, t.node)
 			return
 		}
-		if _, err := n.send(ctx, m, msg); err == nil {
-			return
-		} else if ctx.Err() != nil {
+		sctx, cancel := ctx, context.CancelFunc(func() {})
+		if persist {
+			sctx, cancel = context.WithDeadline(ctx, deadline)
+		}
+		_, err := n.send(sctx, m, msg)
+		cancel()
+		if err == nil || ctx.Err() != nil {
 			return
 		}
-		if !persist && attempt >= 2 || time.Since(t.granted) > n.t.promiseTTL {
-			h.drop(p, t.node)
+		if (persist && !time.Now().Before(deadline)) || (!persist && attempt >= 2) || time.Since(t.granted) > n.t.promiseTTL {
+			h.silent(p, t.node)
 			return
 		}
-		pause := time.NewTimer(n.t.retry << min(attempt, 3))
+		pause := time.NewTimer(min(n.t.retry<<min(attempt, 3), time.Until(deadline)))
+		if !persist {
+			pause.Reset(n.t.retry << min(attempt, 3))
+		}
 		select {
 		case <-pause.C:
 		case <-ctx.Done():
@@ -403,10 +419,78 @@ func (h *homeSide) tellOne(ctx context.Context, p string, t target, msg notice, 
 	}
 }
 
-// drop forgets node as a holder of p.
-func (h *homeSide) drop(p, node string) {
+// silent takes holder node, which did not take a change of p, for cut off,
+// as an AFS file server marks a client down: it loses every promise it
+// holds here (p's and the rest: none of them is kept any more), so that
+// no change waits for it, and it is told so as soon as it answers again
+// (see revoke), until its promises would have run out anyway. It then
+// asks afresh.
+func (h *homeSide) silent(p, node string) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
+	if h.revoking[node] {
+		// Taken for cut off already, and told soon: what it holds
+		// now it asked for since (so it answered meanwhile).
+		h.dropLocked(p, node)
+		h.mu.Unlock()
+		return
+	}
+	h.revoking[node] = true
+	for dir, d := range h.dirs {
+		if _, ok := d.listers[node]; ok {
+			delete(d.listers, node)
+			h.nholders--
+		}
+		for name, e := range d.entries {
+			if _, ok := e.holders[node]; ok {
+				delete(e.holders, node)
+				h.nholders--
+			}
+			if !e.known && len(e.holders) == 0 {
+				delete(d.entries, name)
+			}
+		}
+		if len(d.entries) == 0 && len(d.listers) == 0 {
+			delete(h.dirs, dir)
+		}
+	}
+	h.mu.Unlock()
+	h.n.silent.Add(1)
+	h.n.log.Warn("a node holding paths here does not answer; its promises are dropped, and it is told so once it answers", "node", node, "path", p)
+	go h.revoke(node)
+}
+
+// revoke tells node, taken for cut off, that its promises from this home
+// are void: until it took it, this daemon stops, or the promises would
+// have run out anyway.
+func (h *homeSide) revoke(node string) {
+	n := h.n
+	defer func() {
+		h.mu.Lock()
+		delete(h.revoking, node)
+		h.mu.Unlock()
+	}()
+	since := time.Now()
+	pause := n.t.retry
+	for time.Since(since) < n.t.promiseTTL {
+		if m, ok := n.lastSeen(node); ok {
+			if _, err := n.send(n.ctx, m, notice{Kind: kindRevoke}); err == nil {
+				n.log.Info("a node taken for cut off answers again and was told its promises are void", "node", node, "after", time.Since(since).Round(time.Millisecond))
+				return
+			}
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-n.ctx.Done():
+			t.Stop()
+			return
+		}
+		pause = min(2*pause, 2*time.Second)
+	}
+}
+
+// dropLocked forgets node as a holder of p.
+func (h *homeSide) dropLocked(p, node string) {
 	dir, name := splitPath(p)
 	if d := h.dirs[dir]; d != nil {
 		if e := d.entries[name]; e != nil {

@@ -585,6 +585,18 @@ func (l *Locator) Published(ctx context.Context, path string) (Record, error) {
 	return l.store.Lookup(ctx, l.Key(path))
 }
 
+// HomeOf returns the node that is the home of path (see notices) in this
+// node's view of the members, or "" when notices are off.
+func (l *Locator) HomeOf(path string) string {
+	n := l.notices.Load()
+	if n == nil {
+		return ""
+	}
+	dir, _ := splitPath(path)
+	m, _, _ := n.homeOf(dir)
+	return m.Node
+}
+
 // Told returns the newest state of path this node knows of, promised or
 // not: what a home told it, or what it published or removed itself. A
 // removal is rec with exists false, its generation in rec.Generation.

@@ -67,18 +67,24 @@ var (
 	// passes changes to the home the others knew before it came: until
 	// every node has read the members again.
 	handoff = 2*membersRefresh + time.Second
+	// holderSilence is how long a home waits for a holder to take a
+	// change before it takes the holder for cut off: it drops every
+	// promise the holder has from it, goes on, and tells the holder so
+	// once it answers again (the holder then asks afresh). Well below the
+	// time the node that made the change waits for the home's answer.
+	holderSilence = time.Second
 )
 
 // timing is the values of the variables above when notices started: the
 // goroutines of notices read them there, so that a test may change the
 // variables for the next cluster it makes.
 type timing struct {
-	grace, resubscribe, promiseTTL, promiseMargin, timeout, refresh, retry, handoff time.Duration
+	grace, resubscribe, promiseTTL, promiseMargin, timeout, refresh, retry, handoff, silence time.Duration
 }
 
 func currentTiming() timing {
 	return timing{grace: noticeGrace, resubscribe: resubscribe, promiseTTL: promiseTTL, promiseMargin: promiseMargin,
-		timeout: noticeTimeout, refresh: membersRefresh, retry: membersRetry, handoff: handoff}
+		timeout: noticeTimeout, refresh: membersRefresh, retry: membersRetry, handoff: handoff, silence: holderSilence}
 }
 
 // NoticeStats counts notices.
@@ -99,6 +105,11 @@ type NoticeStats struct {
 	// HomeWaits counts rewrites and removals that waited for a home that
 	// could not be reached to leave the members.
 	HomeWaits uint64 `json:"waits_for_dead_home"`
+	// SilentHolders counts holders this node, as a home, took for cut off
+	// (their promises dropped); Revoked, the times this node was told
+	// its promises from a home were dropped.
+	SilentHolders uint64 `json:"silent_holders"`
+	Revoked       uint64 `json:"promises_revoked"`
 }
 
 // A notice message. Kind says which fields count.
@@ -139,6 +150,7 @@ const (
 	kindList        = "list"  // node → home: Path (a directory); registers the asker for the listing
 	kindBreak       = "brk"   // home → holder: Path, Rec or Gen, Listing
 	kindJoin        = "join"  // a starting daemon → every member: Member
+	kindRevoke      = "rvk"   // home → holder it took for cut off: its promises from the home are void
 )
 
 // reply answers a notice. Home is the answering home's incarnation, so
@@ -210,7 +222,11 @@ type notices struct {
 	refreshNow chan struct{}
 	lastFail   atomic.Int64 // unix ns of the last forced refresh
 
-	sent, received, failed, breaks, broken, woken, storeWaits, homeWaits atomic.Uint64
+	// seen is every member this node saw, by node: where to tell a
+	// holder that left the members meanwhile that its promises are void.
+	seen map[string]Member
+
+	sent, received, failed, breaks, broken, woken, storeWaits, homeWaits, silent, revoked atomic.Uint64
 }
 
 // StartNotices makes the locator send and answer notices through its
@@ -274,6 +290,12 @@ func (n *notices) setMembersLocked(ms []Member) {
 	n.since = seen
 	n.members = ms
 	n.epoch++
+	if n.seen == nil {
+		n.seen = make(map[string]Member)
+	}
+	for _, m := range ms {
+		n.seen[m.Node] = m
+	}
 }
 
 func sameMembers(a, b []Member) bool {
@@ -426,6 +448,14 @@ func (n *notices) member(node string) (Member, bool) {
 	return m, m.Node != ""
 }
 
+// lastSeen returns node as this node last saw it among the members.
+func (n *notices) lastSeen(node string) (Member, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m, ok := n.seen[node]
+	return m, ok
+}
+
 func (n *notices) memberLocked(node string) Member {
 	i := sort.Search(len(n.members), func(i int) bool { return n.members[i].Node >= node })
 	if i < len(n.members) && n.members[i].Node == node {
@@ -543,6 +573,9 @@ func (l *Locator) HandleMessage(ctx context.Context, from string, msg []byte) ([
 			}
 		}
 		return encodeNotice(n.home.list(from, in.Path), nil)
+	case kindRevoke:
+		n.holder.revoked(from)
+		return nil, nil
 	case kindBreak:
 		if _, err := CleanPath(in.Path); err != nil {
 			return nil, fmt.Errorf("bad notice: %w", err)
@@ -568,5 +601,6 @@ func (n *notices) stats() NoticeStats {
 	n.mu.Unlock()
 	return NoticeStats{Members: members, Sent: n.sent.Load(), Received: n.received.Load(), Failed: n.failed.Load(),
 		Breaks: n.breaks.Load(), Broken: n.broken.Load(), Holders: n.home.holders(), Promises: n.holder.promises(),
-		WokenBy: n.woken.Load(), StoreWaits: n.storeWaits.Load(), HomeWaits: n.homeWaits.Load()}
+		WokenBy: n.woken.Load(), StoreWaits: n.storeWaits.Load(), HomeWaits: n.homeWaits.Load(),
+		SilentHolders: n.silent.Load(), Revoked: n.revoked.Load()}
 }

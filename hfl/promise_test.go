@@ -418,3 +418,50 @@ func TestOvertakenPublishLearnsWinner(t *testing.T) {
 		t.Fatalf("listing after the late publish: %+v %v; want n2's record", recs, err)
 	}
 }
+
+// TestSilentHolderLosesPromises: a holder that does not answer does not
+// hold up a change: the home takes it for cut off within holderSilence,
+// drops its promises and goes on; once it answers again it is told, and
+// asks afresh (it sees the change instead of what it was promised).
+func TestSilentHolderLosesPromises(t *testing.T) {
+	locs, _, _, net := promiseCluster(t, 3)
+	ctx := testContext(t)
+	dir := ""
+	for i := 0; dir == ""; i++ {
+		d := fmt.Sprintf("s%d", i)
+		if best, _ := rendezvous([]Member{{Node: "n0"}, {Node: "n1"}, {Node: "n2"}}, locs[0].Key(d), ""); best.Node == "n2" {
+			dir = d
+		}
+	}
+	p := dir + "/f"
+	rec, err := locs[0].PublishSync(ctx, Record{Path: p, Owner: "n0", Mode: 0o100644, Size: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	locs[1].Record(ctx, p) // n1 holds p
+	if _, lv, _ := locs[1].Record(ctx, p); lv != LevelCache {
+		t.Fatalf("n1 does not hold p: %v", lv)
+	}
+	net.mu.Lock()
+	net.down["n1"] = true
+	net.mu.Unlock()
+	start := time.Now()
+	claim := rec
+	if _, err := locs[0].Claim(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 2*holderSilence {
+		t.Fatalf("a rewrite waited %v for a holder that does not answer; want about %v", took, holderSilence)
+	}
+	if n := locs[2].Stats().Notices.SilentHolders; n != 1 {
+		t.Fatalf("the home took %d holders for cut off, want 1", n)
+	}
+	net.mu.Lock()
+	net.down["n1"] = false
+	net.mu.Unlock()
+	eventuallyTrue(t, "n1 told its promises are void", func() bool { return locs[1].Stats().Notices.Revoked == 1 })
+	got, lv, err := locs[1].Record(ctx, p)
+	if err != nil || lv == LevelCache || !got.Writing {
+		t.Fatalf("n1 after it came back: %+v at %v, %v; want the claim, asked afresh", got, lv, err)
+	}
+}

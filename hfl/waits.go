@@ -137,6 +137,17 @@ func (ws *waits) fire(p string, rec *Record, here bool) {
 	}
 }
 
+// paths returns the paths that have waits now.
+func (ws *waits) paths() map[string]struct{} {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	out := make(map[string]struct{}, len(ws.byPath))
+	for p := range ws.byPath {
+		out[p] = struct{}{}
+	}
+	return out
+}
+
 // WaitingPaths is how many paths have waits.
 func (l *Locator) WaitingPaths() int { return l.waits.len() }
 

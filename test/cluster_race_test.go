@@ -375,3 +375,112 @@ func TestClusterRewrittenWhileSent(t *testing.T) {
 		}
 	}
 }
+
+// timedLoop is a Python program that, for a while, either rewrites a file
+// (role "write": 8 KiB every 50 ms) or reads it (role "read"), timing
+// each open-to-close, and reports the longest and what failed. argv: file,
+// seconds, role.
+const timedLoop = `
+import errno, json, os, sys, time
+name, secs, role = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+longest, n, errs, i = 0.0, 0, {}, 0
+end = time.time() + secs
+while time.time() < end:
+    t = time.time()
+    try:
+        if role == "write":
+            with open(name, "wb") as f:
+                f.write(("%08d" % i).encode() * 1024)
+            i += 1
+        else:
+            with open(name, "rb") as f:
+                f.read()
+    except OSError as e:
+        k = errno.errorcode.get(e.errno, str(e.errno))
+        errs[k] = errs.get(k, 0) + 1
+    longest = max(longest, time.time() - t)
+    n += 1
+    if role == "write":
+        time.sleep(0.05)
+print(json.dumps({"longest": longest, "n": n, "errors": errs, "last": i - 1}))
+`
+
+type timed struct {
+	Longest float64
+	N       int
+	Errors  map[string]int
+	Last    int
+}
+
+func parseTimed(t *testing.T, who string, r result) timed {
+	t.Helper()
+	if r.err != nil {
+		t.Fatalf("%s: %v", who, r)
+	}
+	var got timed
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatalf("%s: %v: %q", who, err, r.stdout)
+	}
+	t.Logf("%s: %s", who, strings.TrimSpace(r.stdout))
+	return got
+}
+
+// TestClusterCutReader: a node that holds a path is cut off for 6 s while
+// another node rewrites the path every 50 ms and a third, the path's
+// home, reads it. The home does not wait on the silent holder: it drops
+// the holder's promises within a short bound (the holder is told when it
+// is back, and asks again), so the writer's closes return within the
+// bound the README gives (the lease TTL plus 5 s) and the node never cut
+// is not held up; once back, the cut node reads the last version.
+func TestClusterCutReader(t *testing.T) {
+	c := newCluster(t, 3)
+	a, b, z := c.nodes[0], c.nodes[1], c.nodes[2]
+	// A directory whose home is z.
+	dir := ""
+	for i := 0; i < 64 && dir == ""; i++ {
+		d := fmt.Sprintf("d%d", i)
+		a.mustSh("mkdir " + d + " && echo x > " + d + "/f")
+		var l struct{ Home string }
+		if err := json.Unmarshal([]byte(a.mustSh("cat .dyadfs/locate/"+d+"%2Ff")), &l); err != nil {
+			t.Fatal(err)
+		}
+		if l.Home == z.name {
+			dir = d
+		}
+	}
+	if dir == "" {
+		t.Fatal("no directory of 64 has its home on " + z.name)
+	}
+	file := filepath.Join(c.mnt, dir, "f")
+	for _, n := range []*node{b, z} {
+		n.mustSh("cat " + dir + "/f > /dev/null") // holders
+	}
+	const secs = 18
+	start := func(n *node, role string) <-chan result {
+		argv := n.argv("python3", "-c", timedLoop, file, fmt.Sprint(secs), role)
+		ch, _ := startCmdFor(t, bound, "/", nil, argv[0], argv[1:]...)
+		return ch
+	}
+	writer, cutReader, homeReader := start(a, "write"), start(b, "read"), start(z, "read")
+	time.Sleep(4 * time.Second)
+	b.linkDown()
+	time.Sleep(6 * time.Second)
+	b.linkUp()
+	w := parseTimed(t, a.name+" writes", <-writer)
+	parseTimed(t, b.name+" reads (cut)", <-cutReader)
+	h := parseTimed(t, z.name+" reads (home)", <-homeReader)
+	const limit = 2*time.Second + 5*time.Second // the lease TTL the tests use, plus 5 s
+	if took := time.Duration(w.Longest * float64(time.Second)); took > limit || len(w.Errors) > 0 {
+		t.Errorf("the writer's longest close took %v (errors %v); want at most %v", took.Round(time.Millisecond), w.Errors, limit)
+	}
+	if took := time.Duration(h.Longest * float64(time.Second)); took > limit || len(h.Errors) > 0 {
+		t.Errorf("a reader on %s, never cut, waited %v (errors %v); want at most %v", z.name, took.Round(time.Millisecond), h.Errors, limit)
+	}
+	want := strings.Repeat(fmt.Sprintf("%08d", w.Last), 1024)
+	for _, n := range c.nodes {
+		var got string
+		if !poll.Within(5*time.Second, func() bool { got = n.mustSh("cat " + dir + "/f"); return got == want }) {
+			t.Errorf("%s reads %.16q..., not the last version %.16q...", n.name, got, want)
+		}
+	}
+}
