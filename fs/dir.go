@@ -133,8 +133,16 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 			return syscall.ENOTEMPTY
 		}
 	}
+	var st syscall.Stat_t
+	var statErr error = syscall.ENOENT
+	if !d.Solo() {
+		statErr = n.fsys.back().Lstat(rel, &st) // its inherited number goes with it
+	}
 	errno := gofs.ToErrno(n.fsys.back().Rmdir(rel))
 	if errno == 0 {
+		if statErr == nil {
+			d.Gone(dmd.IDOf(&st))
+		}
 		d.RemovedDir(ctx, rel)
 	}
 	return errno

@@ -130,3 +130,21 @@ func waitFor(t *testing.T, cond func() bool) {
 }
 
 var _ = syscall.ENOENT
+
+func TestOrphanPath(t *testing.T) {
+	for rel, want := range map[string]bool{
+		".go-fuse.123/deleted":           true,
+		".go-fuse.7/deleted/a/b":         true,
+		".go-fuse.x/deleted":             false,
+		".go-fuse.12":                    false,
+		"dir/.go-fuse.12/deleted":        false,
+		".go-fuse.12/deletedness":        false,
+		"a/b":                            false,
+		"":                               false,
+		".go-fuse.9999999999999/deleted": true,
+	} {
+		if got := orphanPath(rel); got != want {
+			t.Errorf("orphanPath(%q) = %v, want %v", rel, got, want)
+		}
+	}
+}

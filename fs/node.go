@@ -73,9 +73,16 @@ func (fsys *FS) pathOf(ino *gofs.Inode) (string, bool) {
 	return rel, !orphanPath(rel)
 }
 
-// orphanPath reports whether rel is go-fuse's path of an orphan.
+// orphanPath reports whether rel is go-fuse's path of an orphan: it
+// starts with ".go-fuse.<number>/deleted" where the path could not be
+// followed up to the root.
 func orphanPath(rel string) bool {
-	return strings.HasPrefix(rel, ".go-fuse.") || strings.Contains(rel, "/.go-fuse.")
+	first, rest, _ := strings.Cut(rel, "/")
+	num, ok := strings.CutPrefix(first, ".go-fuse.")
+	if !ok || num == "" || strings.Trim(num, "0123456789") != "" {
+		return false
+	}
+	return rest == "deleted" || strings.HasPrefix(rest, "deleted/")
 }
 
 // knownRel is rel, or "" for an orphan: what a handle tells the managed

@@ -54,14 +54,6 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			defer fsys.forget(rel)
 			return fsys.openWhenHere(ctx, rel, flags)
 		}
-		if here && flags&syscall.O_TRUNC != 0 {
-			// Truncated: nothing of the version the kernel holds is
-			// needed, and the name's current file is opened (a look
-			// up again could race with the next change again).
-			n.NotifyContent(-1, 0)
-			defer fsys.forget(rel)
-			return fsys.openForWrite(ctx, rel, flags)
-		}
 		// Gone here, or opened to write: it looks up again (the
 		// kernel retries an open that gets ESTALE once), and finds
 		// what the namespace has now.

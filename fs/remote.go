@@ -157,12 +157,12 @@ func (r *remoteNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, u
 	}
 	rec, ok, err := fsys.dmd.Entry(ctx, rel, false)
 	if err == nil && ok && rec.Generation != r.gen && !fsys.dmd.Mine(rel) {
-		if flags&writeFlags != 0 && flags&syscall.O_TRUNC == 0 {
+		if flags&writeFlags != 0 {
 			// Another version since the kernel looked it up: it looks
 			// up again (the kernel retries an open that gets ESTALE
-			// once). A truncating open needs nothing of it: it opens
-			// the current one (a look up again could race with the
-			// next change again).
+			// once). A writer must not go through this inode: while
+			// it is open, the kernel passes every open of it through
+			// to the backing file of the version it stands for.
 			return nil, 0, syscall.ESTALE
 		}
 		// A reader reads the newest version (close-to-open allows a

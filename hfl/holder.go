@@ -239,6 +239,12 @@ func (s *holderSide) learnLocked(p string, rec Record, exists bool, gen uint64, 
 		if k.gen > gen {
 			return // never let an older state replace a newer one
 		}
+		if k.gen == gen && pr.home.Node == "" {
+			// The same state told again without a promise (a late
+			// answer): the promise this node has for it stands.
+			k.rec, k.exists = rec, exists
+			return
+		}
 	}
 	k.rec, k.exists, k.gen, k.p = rec, exists, gen, pr
 }
@@ -268,15 +274,27 @@ func (s *holderSide) madeHere(p string, rec Record, exists bool, gen uint64) {
 	rec.Inline = nil
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	k := s.known[p]
+	if k != nil && k.gen > gen {
+		return // a newer change was told meanwhile (a removal, say)
+	}
 	if l := s.lists[dir]; l != nil {
 		l.set(name, rec, exists, gen)
 	}
-	k := s.known[p]
 	if k == nil {
 		s.learnLocked(p, rec, exists, gen, promise{})
-	} else if k.gen < gen {
+	} else {
 		k.rec, k.exists, k.gen = rec, exists, gen
 	}
+}
+
+// knowsSince reports whether this node knows a state of p at least as new
+// as generation gen.
+func (s *holderSide) knowsSince(p string, gen uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := s.known[p]
+	return k != nil && k.gen >= gen
 }
 
 // told returns the newest state of p this node knows, promised or not: a
@@ -374,6 +392,14 @@ func (s *holderSide) broken(from, p string, rec *Record, gen uint64, listing, en
 	if f := s.flights[dir+"/"]; f != nil && listing {
 		f.broken = true // a listing being read may be older than this
 	}
+	g := gen
+	if exists {
+		g = state.Generation
+	}
+	newer := false // a newer state of p is known here: breaks can overtake each other
+	if k := s.known[p]; k != nil && k.gen > g {
+		newer = true
+	}
 	if listing && ended {
 		delete(s.lists, dir)
 	} else if l := s.lists[dir]; l != nil && !state.Provisional {
@@ -381,21 +407,15 @@ func (s *holderSide) broken(from, p string, rec *Record, gen uint64, listing, en
 		// renewed; otherwise it was not counted among them (its promise
 		// there ran out first), and the listing's own promise says how
 		// long the rest holds.
-		g := gen
-		if exists {
-			g = state.Generation
+		if !newer {
+			l.set(name, state, exists, g)
 		}
-		l.set(name, state, exists, g)
 		if listing {
 			l.p = promise{home: m, epoch: epoch, expires: now.Add(n.t.promiseTTL - n.t.promiseMargin)}
 		}
 	}
 	stale := false // told of a state older than one known here
 	if !state.Provisional {
-		g := gen
-		if exists {
-			g = state.Generation
-		}
 		var pr promise // none: known, not promised (asked again next time)
 		if held {
 			pr = promise{home: m, epoch: epoch, expires: now.Add(n.t.promiseTTL - n.t.promiseMargin)}
@@ -439,6 +459,9 @@ func (s *holderSide) revoked(home string) {
 	waiting := n.l.waits.paths()
 	var rewait []string
 	s.mu.Lock()
+	for _, f := range s.flights {
+		f.broken = true // an answer on its way may be older than the revocation
+	}
 	for p, k := range s.known {
 		if k.p.home.Node == home {
 			k.p = promise{}

@@ -35,8 +35,9 @@ type homeSide struct {
 	ahead    map[string]aheadRecord
 	held     *heldData
 	// revoking holds the holders taken for cut off (see silent) that
-	// are not told yet that their promises are void.
-	revoking map[string]bool
+	// are not told yet that their promises are void, and when they were
+	// last taken for it.
+	revoking map[string]time.Time
 }
 
 // homeDir is a directory this node is (or was) home of.
@@ -64,7 +65,7 @@ type aheadRecord struct {
 
 func newHomeSide(n *notices) *homeSide {
 	return &homeSide{n: n, dirs: make(map[string]*homeDir), ahead: make(map[string]aheadRecord), held: newHeldData(),
-		revoking: make(map[string]bool)}
+		revoking: make(map[string]time.Time)}
 }
 
 func splitPath(p string) (dir, name string) {
@@ -215,12 +216,34 @@ func (h *homeSide) published(ctx context.Context, from string, rec Record, publi
 	}
 	h.evictLocked()
 	h.mu.Unlock()
-	h.tell(ctx, rec.Path, targets, notice{Kind: kindBreak, Path: rec.Path, Rec: &told, Inline: told.Inline}, sync)
+	var fwd *notice
 	if !forwarded {
 		rec.Inline = inline
-		h.forward(ctx, notice{Kind: kindPublished, Rec: &rec, Inline: inline, Publish: publish, Sync: sync, Forwarded: true}, from)
+		fwd = &notice{Kind: kindPublished, Rec: &rec, Inline: inline, Publish: publish, Sync: sync, Forwarded: true}
 	}
+	h.tellAndForward(ctx, rec.Path, targets, notice{Kind: kindBreak, Path: rec.Path, Rec: &told, Inline: told.Inline}, sync, fwd, from)
 	return r
+}
+
+// tellAndForward tells targets of a change of p (see tell) and passes
+// fwd, if not nil, on to the other homes (see forward), at once: each of
+// them is bounded by holderSilence, and with sync the change waits for
+// both, not one after the other.
+func (h *homeSide) tellAndForward(ctx context.Context, p string, targets []target, msg notice, sync bool, fwd *notice, from string) {
+	if fwd == nil || !sync {
+		if fwd != nil {
+			h.forward(ctx, *fwd, from) // aside
+		}
+		h.tell(ctx, p, targets, msg, sync)
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.forward(ctx, *fwd, from)
+	}()
+	h.tell(ctx, p, targets, msg, sync)
+	<-done
 }
 
 // unpublished takes the removal of p at generation gen.
@@ -249,10 +272,11 @@ func (h *homeSide) unpublished(ctx context.Context, from, p string, gen uint64, 
 	}
 	h.evictLocked()
 	h.mu.Unlock()
-	h.tell(ctx, p, targets, notice{Kind: kindBreak, Path: p, Gen: gen}, sync)
+	var fwd *notice
 	if !forwarded {
-		h.forward(ctx, notice{Kind: kindUnpublished, Path: p, Gen: gen, Sync: sync, Forwarded: true}, from)
+		fwd = &notice{Kind: kindUnpublished, Path: p, Gen: gen, Sync: sync, Forwarded: true}
 	}
+	h.tellAndForward(ctx, p, targets, notice{Kind: kindBreak, Path: p, Gen: gen}, sync, fwd, from)
 	return r
 }
 
@@ -290,8 +314,14 @@ func (h *homeSide) forward(ctx context.Context, msg notice, from string) {
 			continue
 		}
 		if msg.Sync {
-			if _, err := n.send(ctx, m, msg); err != nil {
-				n.log.Debug("change not passed on to the other home", "to", m.Node, "path", p, "err", err)
+			// Bounded as a holder is: an other home that does not
+			// answer must not hold up the change (it is cut off, and
+			// the promises it made lapse with its membership).
+			sctx, cancel := context.WithTimeout(ctx, n.t.silence)
+			_, err := n.send(sctx, m, msg)
+			cancel()
+			if err != nil {
+				n.log.Info("change not passed on to the previous home", "to", m.Node, "path", p, "err", err)
 			}
 		} else {
 			n.sendAside(m, msg)
@@ -427,14 +457,8 @@ func (h *homeSide) tellOne(ctx context.Context, p string, t target, msg notice, 
 // asks afresh.
 func (h *homeSide) silent(p, node string) {
 	h.mu.Lock()
-	if h.revoking[node] {
-		// Taken for cut off already, and told soon: what it holds
-		// now it asked for since (so it answered meanwhile).
-		h.dropLocked(p, node)
-		h.mu.Unlock()
-		return
-	}
-	h.revoking[node] = true
+	_, telling := h.revoking[node]
+	h.revoking[node] = time.Now()
 	for dir, d := range h.dirs {
 		if _, ok := d.listers[node]; ok {
 			delete(d.listers, node)
@@ -454,6 +478,9 @@ func (h *homeSide) silent(p, node string) {
 		}
 	}
 	h.mu.Unlock()
+	if telling {
+		return // the revocation on its way covers these too
+	}
 	h.n.silent.Add(1)
 	h.n.log.Warn("a node holding paths here does not answer; its promises are dropped, and it is told so once it answers", "node", node, "path", p)
 	go h.revoke(node)
@@ -461,19 +488,31 @@ func (h *homeSide) silent(p, node string) {
 
 // revoke tells node, taken for cut off, that its promises from this home
 // are void: until it took it, this daemon stops, or the promises would
-// have run out anyway.
+// have run out anyway (promiseTTL after it was last taken for cut off).
 func (h *homeSide) revoke(node string) {
 	n := h.n
-	defer func() {
-		h.mu.Lock()
-		delete(h.revoking, node)
-		h.mu.Unlock()
-	}()
 	since := time.Now()
 	pause := n.t.retry
-	for time.Since(since) < n.t.promiseTTL {
+	for {
+		h.mu.Lock()
+		last := h.revoking[node]
+		if time.Since(last) >= n.t.promiseTTL {
+			delete(h.revoking, node)
+			h.mu.Unlock()
+			return
+		}
+		h.mu.Unlock()
 		if m, ok := n.lastSeen(node); ok {
 			if _, err := n.send(n.ctx, m, notice{Kind: kindRevoke}); err == nil {
+				h.mu.Lock()
+				again := !h.revoking[node].Equal(last)
+				if !again {
+					delete(h.revoking, node)
+				}
+				h.mu.Unlock()
+				if again {
+					continue // taken for cut off again while it was told
+				}
 				n.log.Info("a node taken for cut off answers again and was told its promises are void", "node", node, "after", time.Since(since).Round(time.Millisecond))
 				return
 			}
@@ -486,19 +525,6 @@ func (h *homeSide) revoke(node string) {
 			return
 		}
 		pause = min(2*pause, 2*time.Second)
-	}
-}
-
-// dropLocked forgets node as a holder of p.
-func (h *homeSide) dropLocked(p, node string) {
-	dir, name := splitPath(p)
-	if d := h.dirs[dir]; d != nil {
-		if e := d.entries[name]; e != nil {
-			if _, ok := e.holders[node]; ok {
-				delete(e.holders, node)
-				h.nholders--
-			}
-		}
 	}
 }
 

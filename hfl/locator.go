@@ -604,7 +604,7 @@ func (l *Locator) HomeOf(path string) string {
 func (l *Locator) Told(path string) (rec Record, exists, ok bool) {
 	n := l.notices.Load()
 	if n == nil {
-		rec, ok := l.cache.get(path) // this node's own publishes
+		rec, ok := l.cache.get(path) // its publishes, and records it looked up
 		return rec, ok, ok
 	}
 	rec, exists, gen, ok := n.holder.told(path)
@@ -780,11 +780,12 @@ func (n *notices) deliver(ctx context.Context, msg notice, p string, rec Record,
 			if exists {
 				gen = rec.Generation
 			}
-			if r.Known && r.Gen > gen && (msg.Rec == nil || !msg.Rec.Provisional) && r.Home.Equal(home.Started) {
+			if r.Known && r.Gen > gen && (msg.Rec == nil || !msg.Rec.Provisional) && r.Home.Equal(home.Started) && !n.holder.knowsSince(p, r.Gen) {
 				// Overtaken at the home by a newer change: this node
 				// takes it as told (two nodes wrote the path at once,
-				// and this one lost).
-				n.holder.broken(home.Node, p, r.Rec, r.Gen, false, false, false)
+				// and this one lost), aside: taking it may tell the
+				// kernel, which a request must not wait for.
+				go n.holder.broken(home.Node, p, r.Rec, r.Gen, false, false, false)
 				return
 			}
 			if pr, ok := n.holder.promiseFrom(home, r, epoch, sent); ok && (msg.Rec == nil || !msg.Rec.Provisional) {

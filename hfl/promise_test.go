@@ -180,7 +180,7 @@ func TestClaimTellsHoldersBeforeItReturns(t *testing.T) {
 			}
 			rec, lv, err := locs[i].Record(ctx, path)
 			if err != nil || lv != LevelCache || !rec.Writing || rec.Generation != claim.Generation {
-				t.Fatalf("%s: n%d knows %+v at %v, %v; want the claim from its promise", path, i, rec, lv, err)
+				t.Fatalf("%s: n%d knows %+v at %v, %v; want the claim from its promise (notices %+v)", path, i, rec, lv, err, *locs[i].Stats().Notices)
 			}
 		}
 		pub, err := locs[3].Publish(ctx, Record{Path: path, Owner: "n3", Size: 2, Mode: 0o100644})
@@ -402,9 +402,7 @@ func TestOvertakenPublishLearnsWinner(t *testing.T) {
 	n.holder.madeHere(p, older, true, older.Generation)
 	n.tellHomeSync(ctx, notice{Kind: kindPublished, Rec: &older}, p, older, true)
 	want := fmt.Sprintf("%s gen %d by n2", p, newer.Generation)
-	if !locals[1].heard(want) {
-		t.Fatalf("the overtaken node was not told %q: %v", want, locals[1].told)
-	}
+	eventuallyTrue(t, "the overtaken node told "+want, func() bool { return locals[1].heard(want) })
 	if rec, exists, ok := locs[1].Told(p); !ok || !exists || rec.Owner != "n2" || rec.Generation != newer.Generation {
 		t.Fatalf("Told: %+v %v %v; want n2's generation %d", rec, exists, ok, newer.Generation)
 	}

@@ -62,9 +62,12 @@ func (c *sumCache) put(st *syscall.Stat_t, sum digest.Sum) {
 //
 // Nothing is published unverified because of a race: a file that changes
 // while it is hashed is hashed again as it is then (st is updated), up to
-// a few times; one that still changes, or that went from rel (renamed
-// away: the rename publishes its new name), fails (errGone for the
-// latter), and the caller does not publish it now.
+// a few times; one that still changes fails (errChanged), and one that
+// went fails with errGone (unlinked, or, when it is opened by its path,
+// renamed away: the rename publishes its new name); the caller does not
+// publish it now. A file
+// that cannot be read (an I/O error, permissions) is published without a
+// checksum, as before: its readers then fail on reading it, not waiting.
 func (d *DMD) fileRecord(rel string, fd int, st *syscall.Stat_t, inline *hfl.Inline, written bool) (hfl.Record, error) {
 	for attempt := 0; ; attempt++ {
 		rec, err := d.fileRecordOnce(rel, fd, st, inline, written)
@@ -88,8 +91,12 @@ func (d *DMD) fileRecord(rel string, fd int, st *syscall.Stat_t, inline *hfl.Inl
 	}
 }
 
-// errGone: the file is no longer at the path being published.
-var errGone = errors.New("the file went from its path")
+// errGone: the file is no longer at the path being published; errChanged:
+// it changed while it was hashed.
+var (
+	errGone    = errors.New("the file went from its path")
+	errChanged = errors.New("changed while it was hashed")
+)
 
 func (d *DMD) fileRecordOnce(rel string, fd int, st *syscall.Stat_t, inline *hfl.Inline, written bool) (hfl.Record, error) {
 	rec := recordOf(rel, d.cfg.Node, st)
@@ -103,8 +110,14 @@ func (d *DMD) fileRecordOnce(rel string, fd int, st *syscall.Stat_t, inline *hfl
 		return rec, nil
 	}
 	sum, err := d.checksum(rel, fd, st, inline)
-	if err != nil {
+	if err != nil && (errors.Is(err, errChanged) || errors.Is(err, syscall.ENOENT)) {
 		return hfl.Record{}, fmt.Errorf("checksum %s: %w", rel, err)
+	}
+	if err != nil {
+		// Consumers install it unverified (counted), which beats not
+		// publishing a file that is there.
+		d.log.Warn("cannot checksum file; publishing it without", "path", rel, "err", err)
+		return rec, nil
 	}
 	d.sums.put(st, sum)
 	rec.Sum = sum
@@ -138,7 +151,7 @@ func (d *DMD) checksum(rel string, fd int, st *syscall.Stat_t, inline *hfl.Inlin
 			return sum, err
 		}
 		if IDOf(&after) != IDOf(st) || after.Size != st.Size || after.Mtim != st.Mtim {
-			return digest.Sum{}, fmt.Errorf("%s changed while it was hashed", rel)
+			return digest.Sum{}, fmt.Errorf("%s: %w", rel, errChanged)
 		}
 	}
 	d.stats.checksums.Add(1)

@@ -143,6 +143,11 @@ type DMD struct {
 	// releasing counts, per path, last writers between letting readers in
 	// and publishing.
 	releasing map[string]int
+	// releaseBase is, per path releasing, the generation of the path's
+	// newest record this node knew when the release began: a record
+	// newer than it, of this node, is the version released (see
+	// committed).
+	releaseBase map[string]uint64
 	// toldWhilePublishing holds paths whose change elsewhere was told
 	// while this node published its own version (releasing or
 	// publishing): looked at again once the publish is done, when it is
@@ -225,6 +230,7 @@ func New(cfg Config, p Parts) (*DMD, error) {
 		releasing:  make(map[string]int),
 		superseded: make(map[string]uint64),
 
+		releaseBase:         make(map[string]uint64),
 		toldWhilePublishing: make(map[string]struct{}),
 	}
 	d.life, d.endLife = context.WithCancel(context.Background())

@@ -172,3 +172,6 @@ func (d *DMD) loadIno(rel string) {
 
 // gone forgets what backing file id inherited, once its last name went.
 func (d *DMD) gone(id FileID) { d.ids.drop(id) }
+
+// Gone is gone for a directory removed through the mount.
+func (d *DMD) Gone(id FileID) { d.gone(id) }

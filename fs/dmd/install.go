@@ -35,7 +35,13 @@ func (d *DMD) Install(tmp *os.File, v dtl.Version) error {
 	if err := d.MarkReplica(tmp, v.Owner, v.Info.Generation); err != nil {
 		return fmt.Errorf("mark %s as a copy: %w", rel, err)
 	}
-	d.inheritFile(tmp, v.Ino)
+	ino := v.Ino
+	if rec, exists, ok := d.loc.Told(rel); ok && exists && rec.Generation == v.Info.Generation && v.Info.Generation != 0 {
+		// The owner sent a newer version than the one located (it
+		// serves its current one): that version's number.
+		ino = rec.InodeNumber()
+	}
+	d.inheritFile(tmp, ino)
 	dir, base := path.Split(rel)
 	dirfd, err := d.dirBeneath(strings.TrimSuffix(dir, "/"), st.Uid, st.Gid)
 	if err != nil {

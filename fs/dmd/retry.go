@@ -150,12 +150,11 @@ func (d *DMD) reconcile(ctx context.Context, rel string, op retryOp) error {
 	if err != nil {
 		return err
 	}
-	out, err := d.loc.Publish(ctx, rec)
-	if err != nil {
+	// As any publish: a change told meanwhile is looked at once it is
+	// done (see publishDone).
+	if err := d.publishWith(ctx, rec, d.loc.Publish); err != nil {
 		return err
 	}
-	d.stats.publishes.Add(1)
-	d.markPublished(rel, out.Generation)
 	d.log.Info("published after retry", "path", rel)
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/hfl"
+	"github.com/dyadfs/dyadfs/internal/digest"
 )
 
 var _ dtl.Source = (*DMD)(nil)
@@ -81,14 +82,14 @@ func (d *DMD) servable(ctx context.Context, rel string, f *os.File, gen uint64) 
 	d.mu.Lock()
 	busy := d.busy[IDOf(&st)] != nil
 	ahead, publishing := d.publishing[rel]
-	releasing := d.releasing[rel] > 0
+	releasing, base := d.releasing[rel] > 0, d.releaseBase[rel]
 	d.mu.Unlock()
 	aheadIsIt := publishing && ahead.Size == st.Size && ahead.MtimeNs == st.Mtim.Nano()
-	if busy || (releasing && !aheadIsIt) {
+	if busy || (releasing && !aheadIsIt && !d.committed(rel, base, st.Size, st.Mtim.Nano(), nil)) {
 		// Being written, or a version just written is being hashed
-		// and published: its record is not the one the consumer
-		// located (a rewrite in place can keep the size, and the
-		// clock's tick the mtime), so the consumer waits for it.
+		// and published: the record found is not yet its (a rewrite
+		// in place can keep the size, and the clock's tick the
+		// mtime), so the consumer waits for its publish.
 		return dtl.FileInfo{}, fmt.Errorf("%s: %w", rel, dtl.ErrBusy)
 	}
 	if aheadIsIt && gen == 0 {
@@ -144,7 +145,7 @@ func (d *DMD) Unchanged(f *os.File, info dtl.FileInfo) error {
 	d.mu.Lock()
 	busy := d.busy[IDOf(&st)] != nil
 	p, publishing := d.publishing[rel]
-	releasing := d.releasing[rel] > 0
+	releasing, base := d.releasing[rel] > 0, d.releaseBase[rel]
 	d.mu.Unlock()
 	if busy || st.Size != info.Size || st.Mtim.Nano() != info.MtimeNs {
 		return changed()
@@ -152,7 +153,7 @@ func (d *DMD) Unchanged(f *os.File, info dtl.FileInfo) error {
 	if publishing && sameVersion(p, info) {
 		return nil // the version being published, sent ahead of its commit
 	}
-	if releasing || publishing {
+	if publishing || (releasing && !d.committed(rel, base, info.Size, info.MtimeNs, &info.Checksum)) {
 		return changed()
 	}
 	// A change of the path since the version sent (written here and
@@ -163,6 +164,22 @@ func (d *DMD) Unchanged(f *os.File, info dtl.FileInfo) error {
 		return changed()
 	}
 	return nil
+}
+
+// committed reports whether the version released at rel (see
+// releaseBase), with size and mtime (and sum, if given), is committed:
+// the newest record this node knows of rel is this node's, newer than
+// base, and describes it.
+func (d *DMD) committed(rel string, base uint64, size, mtime int64, sum *digest.Sum) bool {
+	rec, exists, ok := d.loc.Told(rel)
+	return ok && exists && rec.Owner == d.cfg.Node && !rec.Writing && rec.Generation > base &&
+		rec.Size == size && rec.MtimeNs == mtime && (sum == nil || rec.Sum == *sum)
+}
+
+// toldGen is the generation of the newest record of rel this node knows.
+func (d *DMD) toldGen(rel string) uint64 {
+	rec, _, _ := d.loc.Told(rel)
+	return rec.Generation
 }
 
 // sameVersion reports whether rec describes the file info describes.

@@ -408,7 +408,8 @@ func (d *DMD) Invalidated(rel string, rec hfl.Record, exists bool) {
 // published its own version of rel, once no publish of rel is in progress
 // here: if the change is newer than what this node published, this
 // node's version lost (two nodes wrote one path at once) and goes, as
-// Invalidated would have done. d.mu must not be held.
+// Invalidated would have done, aside (it may tell the kernel, which a
+// request must not wait for). d.mu must not be held.
 func (d *DMD) publishDone(rel string) {
 	d.mu.Lock()
 	_, publishing := d.publishing[rel]
@@ -419,9 +420,12 @@ func (d *DMD) publishDone(rel string) {
 	}
 	delete(d.toldWhilePublishing, rel)
 	d.mu.Unlock()
-	if rec, exists, ok := d.loc.Told(rel); ok {
-		d.Invalidated(rel, rec, exists)
-	}
+	go func() {
+		// What is known then: a change made here meanwhile is newer.
+		if rec, exists, ok := d.loc.Told(rel); ok {
+			d.Invalidated(rel, rec, exists)
+		}
+	}()
 }
 
 // ownNewer reports whether this node's own file at rel was published at a

@@ -326,6 +326,9 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, verdict bool) (
 			// Readers are let in now; its publish follows. Until it
 			// is done, a change told from elsewhere does not remove
 			// it (the publish is the newer one, or loses later).
+			if d.releasing[name] == 0 {
+				d.releaseBase[name] = d.toldGen(name)
+			}
 			d.releasing[name]++
 		}
 	}
@@ -337,6 +340,7 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, verdict bool) (
 			for _, name := range names {
 				if d.releasing[name]--; d.releasing[name] <= 0 {
 					delete(d.releasing, name)
+					delete(d.releaseBase, name)
 				}
 			}
 			d.mu.Unlock()
@@ -360,12 +364,7 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, verdict bool) (
 			// Hashed once (the first name), for every name.
 			rec, err := d.fileRecord(name, fd, &st, inline, written)
 			if err != nil {
-				d.mu.Lock()
-				rejoined := ws.writers > 0 // its next last writer publishes it
-				d.mu.Unlock()
-				if !rejoined {
-					d.notHashed(name, err)
-				}
+				d.notHashed(name, err)
 				continue
 			}
 			written = false
@@ -601,15 +600,16 @@ func (d *DMD) publishWith(ctx context.Context, rec hfl.Record, publish func(cont
 		delete(d.publishing, rec.Path)
 	}
 	d.mu.Unlock()
-	d.publishDone(rec.Path)
 	if err != nil {
 		d.stats.publishErrors.Add(1)
 		d.log.Error("publish failed; will retry", "path", rec.Path, "err", err)
 		d.retryLater(rec.Path, retryPublish, err)
+		d.publishDone(rec.Path)
 		return err
 	}
 	d.stats.publishes.Add(1)
 	d.markPublished(rec.Path, out.Generation)
 	d.log.Debug("published", "path", rec.Path, "gen", out.Generation, "took", time.Since(start))
+	d.publishDone(rec.Path)
 	return nil
 }
