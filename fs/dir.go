@@ -183,7 +183,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	}
 	var target syscall.Stat_t
 	targetErr := fsys.back().Lstat(newRel, &target)
-	errno := gofs.ToErrno(fsys.back().Rename(oldRel, newRel, uint(flags)))
+	errno := gofs.ToErrno(d.RenameBeneath(oldRel, newRel, uint(flags)))
 	if errno != 0 {
 		return errno
 	}

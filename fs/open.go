@@ -36,7 +36,12 @@ func callerTid(ctx context.Context) uint32 {
 // backing file is opened, so that readers never see a truncated file. A
 // file that is not the namespace's current version any more (replaced
 // elsewhere since the kernel looked it up) is opened as the current one.
-func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuseFlags uint32, errno syscall.Errno) {
+	defer func() {
+		if errno == 0 {
+			n.opened.Store(true)
+		}
+	}()
 	fsys, d := n.fsys, n.fsys.dmd
 	tid := callerTid(ctx)
 	rel := n.rel()
@@ -53,6 +58,10 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			n.NotifyContent(-1, 0)
 			defer fsys.forget(rel)
 			return fsys.openWhenHere(ctx, rel, flags)
+		}
+		if here && retarget(&n.opened, flags) {
+			defer fsys.forget(rel)
+			return fsys.openForWrite(ctx, rel, flags)
 		}
 		// Gone here, or opened to write: it looks up again (the
 		// kernel retries an open that gets ESTALE once), and finds
@@ -90,22 +99,33 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	// close tells every node holding a copy (see writeHandle.Flush).
 	prev, published := d.PublishedAs(ctx, rel)
 	w := d.BeginWrite(id, tid, rel, false)
-	fh, errno := n.openHere(flags)
-	var fuseFlags uint32
-	if errno != 0 {
+	lf, oerr := n.openHere(flags)
+	if oerr != 0 {
 		w.Abort()
-		if errno == syscall.ENOENT && !d.Solo() {
+		if oerr == syscall.ENOENT && !d.Solo() {
 			return nil, 0, syscall.ESTALE
 		}
-		return nil, 0, errno
+		return nil, 0, oerr
 	}
-	h := fsys.newWriteHandle(fh, w, n.knownRel)
+	h := fsys.newWriteHandle(lf, w, n.knownRel)
 	if published {
 		h.claim(prev)
 	} else if !d.CloseWaits() {
 		fuseFlags |= fuse.FOPEN_NOFLUSH
 	}
 	return h, fuseFlags, 0
+}
+
+// retarget reports whether an open for writing with flags may open the
+// file a name means now through an inode that stood for another version
+// (opened: that inode's): only a truncating open, which needs nothing of
+// that version and whose size the kernel sets to 0, and only through an
+// inode never opened, to which the kernel ties no backing file yet (it
+// passes every open of an inode through to the backing file its first
+// open gave, while any is open). Otherwise ESTALE has the kernel look the
+// name up again, which may race with the next change again.
+func retarget(opened *atomic.Bool, flags uint32) bool {
+	return flags&syscall.O_TRUNC != 0 && opened.CompareAndSwap(false, true)
 }
 
 // backingID returns the backing inode the node's path names now, whether
@@ -138,6 +158,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	var fuseFlags uint32
 	n.fsys.cached(out)
 	child := ch.Operations().(*node)
+	child.opened.Store(true)
 	w := n.fsys.dmd.BeginWrite(child.id, callerTid(ctx), rel, true)
 	if !n.fsys.dmd.CloseWaits() {
 		fuseFlags |= fuse.FOPEN_NOFLUSH

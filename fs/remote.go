@@ -26,6 +26,8 @@ type remoteNode struct {
 	// take its name between the kernel's LOOKUP and the request that
 	// follows it, and an open then starts again from that name.
 	last atomic.Pointer[string]
+	// opened: see node.opened.
+	opened atomic.Bool
 }
 
 var (
@@ -141,7 +143,12 @@ func (r *remoteNode) Getxattr(ctx context.Context, attr string, dest []byte) (ui
 
 // Open implements gofs.NodeOpener. To read, it waits until the current
 // version is here (fetched); to write, see dmd.OpenForWrite.
-func (r *remoteNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+func (r *remoteNode) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuseFlags uint32, errno syscall.Errno) {
+	defer func() {
+		if errno == 0 {
+			r.opened.Store(true)
+		}
+	}()
 	fsys := r.fsys
 	rel, named := r.rel()
 	defer fsys.forget(rel) // what is here from now on is shown as such
@@ -157,12 +164,10 @@ func (r *remoteNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, u
 	}
 	rec, ok, err := fsys.dmd.Entry(ctx, rel, false)
 	if err == nil && ok && rec.Generation != r.gen && !fsys.dmd.Mine(rel) {
-		if flags&writeFlags != 0 {
+		if flags&writeFlags != 0 && !retarget(&r.opened, flags) {
 			// Another version since the kernel looked it up: it looks
 			// up again (the kernel retries an open that gets ESTALE
-			// once). A writer must not go through this inode: while
-			// it is open, the kernel passes every open of it through
-			// to the backing file of the version it stands for.
+			// once); see retarget.
 			return nil, 0, syscall.ESTALE
 		}
 		// A reader reads the newest version (close-to-open allows a

@@ -153,6 +153,20 @@ func (l *Locator) dirIndex(dir string) string { return l.cfg.Namespace + "/" + d
 // serves the file from now on), with a small file's bytes (rec.Inline, at
 // most InlineMax), and once committed.
 func (l *Locator) Publish(ctx context.Context, rec Record) (Record, error) {
+	return l.publish(ctx, rec, false)
+}
+
+// PublishAndTell is Publish for a writer's close that returns once the
+// publish is seen everywhere (close-to-open): it returns once the path's
+// home told every node holding a promise for the path of the committed
+// record, as a rewrite's claim is told (a node that knew the name missing
+// must not answer ENOENT after the close returned). A home that does not
+// answer within a few tries is told aside, as Publish tells it.
+func (l *Locator) PublishAndTell(ctx context.Context, rec Record) (Record, error) {
+	return l.publish(ctx, rec, true)
+}
+
+func (l *Locator) publish(ctx context.Context, rec Record, tellNow bool) (Record, error) {
 	inline := rec.Inline
 	if !inlineFits(rec) {
 		inline = nil
@@ -171,9 +185,20 @@ func (l *Locator) Publish(ctx context.Context, rec Record) (Record, error) {
 	if err != nil {
 		return Record{}, fmt.Errorf("publish %s: %w", rec.Path, err)
 	}
-	if n == nil {
+	switch {
+	case n == nil:
 		l.cache.put(out)
-	} else {
+	case tellNow:
+		n.holder.madeHere(out.Path, out, true, out.Generation)
+		select {
+		case <-told: // after the record sent ahead, whose bytes the home keeps
+		case <-ctx.Done():
+		}
+		msg := notice{Kind: kindPublished, Rec: &out, Publish: publish, Sync: true}
+		if !n.deliver(ctx, msg, out.Path, out, true, 1) {
+			n.tellHome(out, publish, nil)
+		}
+	default:
 		n.holder.madeHere(out.Path, out, true, out.Generation)
 		n.tellHome(out, publish, told)
 	}
@@ -753,12 +778,12 @@ func (n *notices) tellHomeSync(ctx context.Context, msg notice, p string, rec Re
 // deliver sends msg to p's home, trying again (at most tries times, 0: until
 // ctx ends) while the home cannot be reached; this node then holds a
 // promise for what it told.
-func (n *notices) deliver(ctx context.Context, msg notice, p string, rec Record, exists bool, tries int) {
+func (n *notices) deliver(ctx context.Context, msg notice, p string, rec Record, exists bool, tries int) (took bool) {
 	dir, _ := splitPath(p)
 	for attempt := 1; ; attempt++ {
 		home, epoch, ok := n.homeOf(dir)
 		if !ok {
-			return
+			return false
 		}
 		sent := time.Now()
 		var r reply
@@ -786,18 +811,18 @@ func (n *notices) deliver(ctx context.Context, msg notice, p string, rec Record,
 				// and this one lost), aside: taking it may tell the
 				// kernel, which a request must not wait for.
 				go n.holder.broken(home.Node, p, r.Rec, r.Gen, false, false, false)
-				return
+				return true
 			}
 			if pr, ok := n.holder.promiseFrom(home, r, epoch, sent); ok && (msg.Rec == nil || !msg.Rec.Provisional) {
 				n.holder.learn(p, rec, exists, gen, pr, true)
 			}
-			return
+			return true
 		}
 		if ctx.Err() != nil || (tries > 0 && attempt >= tries) {
 			n.log.Debug("home not told", "home", home.Node, "path", p, "err", err)
-			return
+			return false
 		}
-		if msg.Sync {
+		if msg.Sync && tries == 0 {
 			// The holders of a home that cannot be reached keep their
 			// promises until it leaves the members: wait for that.
 			n.homeWaits.Add(1)
@@ -806,7 +831,7 @@ func (n *notices) deliver(ctx context.Context, msg notice, p string, rec Record,
 				if ctx.Err() == nil {
 					n.log.Error("the home of a path could not be told of a change; nodes that hold the path may not see it until their promises run out", "path", p, "home", home.Node)
 				}
-				return
+				return false
 			}
 			continue
 		}
@@ -815,7 +840,7 @@ func (n *notices) deliver(ctx context.Context, msg notice, p string, rec Record,
 		case <-pause.C:
 		case <-ctx.Done():
 			pause.Stop()
-			return
+			return false
 		}
 	}
 }

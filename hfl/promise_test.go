@@ -463,3 +463,25 @@ func TestSilentHolderLosesPromises(t *testing.T) {
 		t.Fatalf("n1 after it came back: %+v at %v, %v; want the claim, asked afresh", got, lv, err)
 	}
 }
+
+// TestPublishAndTellBeforeItReturns: a node that knew a name missing,
+// under a promise, knows the new file once PublishAndTell returned (a
+// writer's close that reports its publish: close-to-open for new names).
+func TestPublishAndTellBeforeItReturns(t *testing.T) {
+	locs, _, _, _ := promiseCluster(t, 3)
+	ctx := testContext(t)
+	for i := 0; i < 8; i++ {
+		p := fmt.Sprintf("n%d/new", i) // homes spread over the nodes
+		locs[1].Record(ctx, p)
+		if _, lv, err := locs[1].Record(ctx, p); !errors.Is(err, ErrNotFound) || lv != LevelCache {
+			t.Fatalf("%s: %v at %v; want missing, from a promise", p, err, lv)
+		}
+		pub, err := locs[0].PublishAndTell(ctx, Record{Path: p, Owner: "n0", Mode: 0o100644, Size: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec, lv, err := locs[1].Record(ctx, p); err != nil || rec.Generation != pub.Generation || lv != LevelCache {
+			t.Fatalf("%s right after the publish returned: %+v at %v, %v; want generation %d from the promise", p, rec, lv, err, pub.Generation)
+		}
+	}
+}

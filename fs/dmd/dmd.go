@@ -120,6 +120,14 @@ type DMD struct {
 	life         context.Context
 	endLife      context.CancelFunc
 
+	// names serializes the changes of names in the backing directory
+	// that dyadfs's bookkeeping of copies follows: a copy installed (and
+	// noted), a stale copy removed, a rename through the mount (and the
+	// copies moved). Otherwise a rename onto a copy's name could come
+	// between a look at the name and what follows it, and the file the
+	// rename put there, this node's own, be taken for the copy.
+	namesMu sync.Mutex
+
 	mu sync.Mutex
 	// busy holds the files that readers must not see yet: being written,
 	// or left half-written by a daemon that died.

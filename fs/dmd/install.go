@@ -48,6 +48,12 @@ func (d *DMD) Install(tmp *os.File, v dtl.Version) error {
 		return fmt.Errorf("install %s: %w", rel, err)
 	}
 	defer unix.Close(dirfd)
+	// Renamed into place and noted as a copy at once: a rename through
+	// the mount onto rel right after would otherwise find it not yet a
+	// copy (and keep the note), and the note, coming after, would make
+	// the renamed file, this node's own, a stale copy to remove.
+	d.namesMu.Lock()
+	defer d.namesMu.Unlock()
 	err = unix.Renameat2(d.tempFd, filepath.Base(tmp.Name()), dirfd, base, unix.RENAME_NOREPLACE)
 	if err != nil {
 		return &os.LinkError{Op: "install", Old: tmp.Name(), New: rel, Err: err}

@@ -136,6 +136,59 @@ func (d *DMD) forgetCopy(rel string) {
 	d.mu.Unlock()
 }
 
+// RenameBeneath renames oldRel to newRel in the backing directory, for a
+// rename through the mount (flags as renameat2's), and moves what dyadfs
+// knows of copies with the names, at once (see namesMu): what was at newRel
+// is gone, copies at and under oldRel are there now.
+func (d *DMD) RenameBeneath(oldRel, newRel string, flags uint) error {
+	d.namesMu.Lock()
+	defer d.namesMu.Unlock()
+	if err := d.back.Rename(oldRel, newRel, flags); err != nil {
+		return err
+	}
+	if d.solo() {
+		return nil
+	}
+	d.mu.Lock()
+	under := func(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+	if flags&unix.RENAME_EXCHANGE != 0 {
+		swap := func(p string) string {
+			switch {
+			case under(p, oldRel):
+				return newRel + p[len(oldRel):]
+			case under(p, newRel):
+				return oldRel + p[len(newRel):]
+			}
+			return p
+		}
+		copies := make(map[string]copyInfo, len(d.copies))
+		for p, c := range d.copies {
+			copies[swap(p)] = c
+		}
+		d.copies = copies
+		superseded := make(map[string]uint64, len(d.superseded))
+		for p, g := range d.superseded {
+			superseded[swap(p)] = g
+		}
+		d.superseded = superseded
+		d.mu.Unlock()
+		return nil
+	}
+	for p := range d.copies {
+		if under(p, newRel) && !under(p, oldRel) {
+			delete(d.copies, p) // replaced
+		}
+	}
+	for p := range d.superseded {
+		if under(p, newRel) && !under(p, oldRel) {
+			delete(d.superseded, p)
+		}
+	}
+	d.mu.Unlock()
+	d.moveCopies(oldRel, newRel)
+	return nil
+}
+
 // moveCopies follows a rename of oldRel to newRel: copies at and under
 // oldRel move with it.
 func (d *DMD) moveCopies(oldRel, newRel string) {
@@ -293,6 +346,10 @@ func (d *DMD) dropStale(rel string, st *syscall.Stat_t, rec hfl.Record) {
 // if empty), unless it is being written here, and forgets what dyadfs knew
 // of it.
 func (d *DMD) removeBeneath(rel string, dir bool) {
+	// What is looked at is what is removed: no rename through the mount
+	// comes in between (see namesMu).
+	d.namesMu.Lock()
+	defer d.namesMu.Unlock()
 	parent, base := path.Split(rel)
 	dirfd, err := d.openDir(strings.TrimSuffix(parent, "/"))
 	if err != nil {

@@ -558,7 +558,9 @@ func (d *DMD) publishNow(ctx context.Context, rec hfl.Record) error {
 // publishFor is publish, or, with verdict, publishes rec and waits for the
 // store's verdict: while the store does not answer, it tries again for up
 // to Config.CloseWait; a refusal ends it at once. A failure wraps
-// ErrPublish (and the publish is retried later).
+// ErrPublish (and the publish is retried later). With verdict, the nodes
+// that hold the path are told before it returns (close-to-open, see
+// hfl.Locator.PublishAndTell).
 func (d *DMD) publishFor(ctx context.Context, rec hfl.Record, verdict bool) error {
 	if !verdict {
 		return d.publish(ctx, rec)
@@ -568,7 +570,7 @@ func (d *DMD) publishFor(ctx context.Context, rec hfl.Record, verdict bool) erro
 	publish := func(ctx context.Context, rec hfl.Record) (hfl.Record, error) {
 		for {
 			cctx, cancel := context.WithDeadline(ctx, deadline)
-			out, err := d.loc.Publish(cctx, rec)
+			out, err := d.loc.PublishAndTell(cctx, rec)
 			cancel()
 			if err == nil || !errors.Is(err, hfl.ErrUnavailable) || ctx.Err() != nil || time.Until(deadline) <= 0 {
 				return out, err
