@@ -91,6 +91,20 @@ func (fx *fixture) end(w *Writer, f *os.File, rel string) {
 	f.Close()
 }
 
+// written creates rel with data, as a writer does through the mount, and
+// returns its published record.
+func (fx *fixture) written(rel, data string) hfl.Record {
+	fx.t.Helper()
+	w, f := fx.create(rel)
+	f.WriteString(data)
+	fx.end(w, f, rel)
+	rec, err := fx.record(rel)
+	if err != nil {
+		fx.t.Fatal(err)
+	}
+	return rec
+}
+
 func (fx *fixture) record(rel string) (hfl.Record, error) {
 	return fx.store.Lookup(context.Background(), fx.d.loc.Key(rel))
 }

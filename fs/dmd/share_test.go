@@ -355,13 +355,7 @@ func TestCloseReportsTheStoresVerdict(t *testing.T) {
 // instead of taking a mix of two for damage.
 func TestUnchangedSeesRewriteInPlace(t *testing.T) {
 	fx := newFixture(t, nil)
-	w, f := fx.create("r.dat")
-	f.WriteString("aaaa")
-	fx.end(w, f, "r.dat")
-	rec, err := fx.record("r.dat")
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := fx.written("r.dat", "aaaa")
 	sf, info, err := fx.d.OpenPublished(fx.ctx(), dtl.Request{Path: "r.dat", Generation: rec.Generation})
 	if err != nil {
 		t.Fatal(err)
@@ -369,7 +363,7 @@ func TestUnchangedSeesRewriteInPlace(t *testing.T) {
 	defer sf.Close()
 	p := filepath.Join(fx.dir, "r.dat")
 	st, _ := os.Stat(p)
-	w, f = fx.openWrite("r.dat", os.O_WRONLY|os.O_TRUNC)
+	w, f := fx.openWrite("r.dat", os.O_WRONLY|os.O_TRUNC)
 	f.WriteString("bbbb")
 	os.Chtimes(p, st.ModTime(), st.ModTime())
 	if err := fx.d.Unchanged(sf, info); !errors.Is(err, dtl.ErrBusy) {
