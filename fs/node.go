@@ -128,6 +128,7 @@ func (fsys *FS) cacheTTL() time.Duration {
 func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	errno := n.getattrHere(ctx, f, out)
 	if errno == 0 {
+		out.Ino = n.StableAttr().Ino // the number shown (see stable), not the backing one
 		out.SetTimeout(n.fsys.cacheTTL())
 		n.fsys.copyTimes(n.rel(), &out.Attr)
 	}
@@ -152,6 +153,7 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 	if errno != 0 {
 		return errno
 	}
+	out.Ino = n.StableAttr().Ino
 	out.SetTimeout(n.fsys.cacheTTL())
 	if out.Mode&syscall.S_IFMT == syscall.S_IFREG {
 		d.Changed(ctx, rel)

@@ -161,7 +161,7 @@ func (d *DMD) scanOwn(ctx context.Context, rel string, res *ScanResult, count fu
 	switch {
 	case errors.Is(err, hfl.ErrNotFound) && marked:
 		d.log.Info("file was removed on another node while this one was down; removing it here", "path", rel)
-		d.removeBeneath(rel, false)
+		d.removeBeneath(rel, false, nil)
 		count(&res.Removed)
 		return
 	case err == nil && rec.Owner != d.cfg.Node && !d.markers && rec.Size == st.Size && rec.MtimeNs == st.Mtim.Nano():
@@ -169,7 +169,7 @@ func (d *DMD) scanOwn(ctx context.Context, rel string, res *ScanResult, count fu
 		d.noteCopy(rel, copyInfo{owner: rec.Owner, gen: rec.Generation})
 		return
 	case err == nil && rec.Owner != d.cfg.Node:
-		d.supersede(rel, rec)
+		d.supersede(rel, rec, st)
 		if rec.Writing {
 			count(&res.Superseded)
 		} else {

@@ -305,7 +305,7 @@ func (d *DMD) currentHere(ctx context.Context, rel string, st *syscall.Stat_t) b
 	if d.ownNewer(rel, rec) {
 		return true // what this node knows is older than its own publish
 	}
-	d.supersede(rel, rec)
+	d.supersede(rel, rec, st)
 	return false
 }
 
@@ -320,7 +320,13 @@ func copyIsOf(c copyInfo, rec hfl.Record, st *syscall.Stat_t) bool {
 // being rewritten elsewhere (rec): it is not shown or served any more. A
 // file being rewritten stays on disk (the only complete copy, should the
 // writer fail) until a newer version is published; then it is removed.
-func (d *DMD) supersede(rel string, rec hfl.Record) {
+func (d *DMD) supersede(rel string, rec hfl.Record, st *syscall.Stat_t) {
+	d.namesMu.Lock()
+	var now syscall.Stat_t
+	if st != nil && (d.back.Lstat(rel, &now) != nil || IDOf(&now) != IDOf(st)) {
+		d.namesMu.Unlock()
+		return // another file took the name since it was looked at
+	}
 	d.mu.Lock()
 	d.superseded[rel] = rec.Generation
 	d.mu.Unlock()
@@ -329,8 +335,9 @@ func (d *DMD) supersede(rel string, rec hfl.Record) {
 	} else {
 		d.log.Warn("file was replaced by another node's version; the version here is removed", "path", rel, "by", rec.Owner, "gen", rec.Generation)
 		d.stats.replaced.Add(1)
-		d.removeBeneath(rel, false)
+		d.removeBeneathLocked(rel, false, st)
 	}
+	d.namesMu.Unlock()
 	d.changedUnseen(rel)
 }
 
@@ -338,18 +345,24 @@ func (d *DMD) supersede(rel string, rec hfl.Record) {
 func (d *DMD) dropStale(rel string, st *syscall.Stat_t, rec hfl.Record) {
 	d.log.Debug("dropping a stale copy", "path", rel, "now", rec.Generation, "writing", rec.Writing)
 	d.stats.staleCopies.Add(1)
-	d.removeBeneath(rel, false)
+	d.removeBeneath(rel, false, st)
 	d.changedUnseen(rel)
 }
 
 // removeBeneath removes rel from the backing directory (a directory only
 // if empty), unless it is being written here, and forgets what dyadfs knew
-// of it.
-func (d *DMD) removeBeneath(rel string, dir bool) {
+// of it. With want, only if rel is still the file want describes: what was
+// decided about it must not remove another file a rename put there since.
+func (d *DMD) removeBeneath(rel string, dir bool, want *syscall.Stat_t) {
 	// What is looked at is what is removed: no rename through the mount
 	// comes in between (see namesMu).
 	d.namesMu.Lock()
 	defer d.namesMu.Unlock()
+	d.removeBeneathLocked(rel, dir, want)
+}
+
+// removeBeneathLocked is removeBeneath; d.namesMu must be held.
+func (d *DMD) removeBeneathLocked(rel string, dir bool, want *syscall.Stat_t) {
 	parent, base := path.Split(rel)
 	dirfd, err := d.openDir(strings.TrimSuffix(parent, "/"))
 	if err != nil {
@@ -359,6 +372,9 @@ func (d *DMD) removeBeneath(rel string, dir bool) {
 	var st unix.Stat_t
 	if unix.Fstatat(dirfd, base, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
 		return
+	}
+	if want != nil && (uint64(st.Dev) != uint64(want.Dev) || st.Ino != want.Ino) {
+		return // another file took the name
 	}
 	flags := 0
 	if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
@@ -402,7 +418,7 @@ func (d *DMD) Invalidated(rel string, rec hfl.Record, exists bool) {
 		if !exists {
 			// Removed elsewhere (it was empty there): gone here too,
 			// unless something of this node's is in it.
-			d.removeBeneath(rel, true)
+			d.removeBeneath(rel, true, &st)
 		}
 		d.toldUnseen(rel)
 		return
@@ -410,7 +426,7 @@ func (d *DMD) Invalidated(rel string, rec hfl.Record, exists bool) {
 	default:
 		if !exists {
 			if _, ok := d.copyOf(rel); ok {
-				d.removeBeneath(rel, false)
+				d.removeBeneath(rel, false, &st)
 			}
 		}
 		d.toldUnseen(rel)
@@ -441,21 +457,25 @@ func (d *DMD) Invalidated(rel string, rec hfl.Record, exists bool) {
 			// that version. (Its mark on disk keeps generation 0,
 			// which a restarted daemon checks by owner, size and
 			// mtime.)
-			d.noteCopy(rel, copyInfo{owner: c.owner, gen: rec.Generation})
+			d.mu.Lock()
+			if d.copies[rel] == c { // not renamed over meanwhile
+				d.copies[rel] = copyInfo{owner: c.owner, gen: rec.Generation}
+			}
+			d.mu.Unlock()
 		}
 		return
 	case isCopy:
 		d.dropStale(rel, &st, rec)
 	case !exists:
 		d.log.Info("file was removed on another node", "path", rel)
-		d.removeBeneath(rel, false)
+		d.removeBeneath(rel, false, &st)
 	case rec.Owner == d.cfg.Node && !rec.Writing:
 		d.mu.Lock()
 		delete(d.superseded, rel)
 		d.mu.Unlock()
 		return
 	default:
-		d.supersede(rel, rec)
+		d.supersede(rel, rec, &st)
 	}
 	d.toldUnseen(rel)
 	d.loc.Changed(rel)

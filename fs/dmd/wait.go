@@ -241,7 +241,7 @@ func (d *DMD) clearForFetch(ctx context.Context, rel string) bool {
 	if busy || d.currentHere(ctx, rel, &st) {
 		return false
 	}
-	d.removeBeneath(rel, false)
+	d.removeBeneath(rel, false, &st)
 	return !d.existsHere(rel)
 }
 
