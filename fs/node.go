@@ -4,7 +4,6 @@ import (
 	"context"
 	"path"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -23,10 +22,6 @@ type node struct {
 	// id is the backing inode this node stands for; go-fuse makes a new
 	// node when a name comes to mean another inode.
 	id dmd.FileID
-	// opened says an open of it returned a handle: from then on the
-	// kernel passes its opens through to that handle's backing file
-	// while any is open (see retarget).
-	opened atomic.Bool
 }
 
 // Every interface a node implements beyond the embedded loopback's is

@@ -37,11 +37,6 @@ func callerTid(ctx context.Context) uint32 {
 // file that is not the namespace's current version any more (replaced
 // elsewhere since the kernel looked it up) is opened as the current one.
 func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuseFlags uint32, errno syscall.Errno) {
-	defer func() {
-		if errno == 0 {
-			n.opened.Store(true)
-		}
-	}()
 	fsys, d := n.fsys, n.fsys.dmd
 	tid := callerTid(ctx)
 	rel := n.rel()
@@ -58,10 +53,6 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 			n.NotifyContent(-1, 0)
 			defer fsys.forget(rel)
 			return fsys.openWhenHere(ctx, rel, flags)
-		}
-		if here && retarget(&n.opened, flags) {
-			defer fsys.forget(rel)
-			return fsys.openForWrite(ctx, rel, flags)
 		}
 		// Gone here, or opened to write: it looks up again (the
 		// kernel retries an open that gets ESTALE once), and finds
@@ -117,13 +108,14 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 }
 
 // retarget reports whether an open for writing with flags may open the
-// file a name means now through an inode that stood for another version
-// (opened: that inode's): only a truncating open, which needs nothing of
-// that version and whose size the kernel sets to 0, and only through an
-// inode never opened, to which the kernel ties no backing file yet (it
-// passes every open of an inode through to the backing file its first
-// open gave, while any is open). Otherwise ESTALE has the kernel look the
-// name up again, which may race with the next change again.
+// current version of a file published elsewhere through the inode of
+// another version (opened: that inode's): only a truncating open, which
+// needs nothing of that version and whose size the kernel sets to 0, and
+// only through an inode never opened, to which the kernel ties no backing
+// file yet (it passes every open of an inode through to the backing file
+// its first open gave, while any is open). Otherwise ESTALE has the
+// kernel look the name up again, which may race with the next change
+// again.
 func retarget(opened *atomic.Bool, flags uint32) bool {
 	return flags&syscall.O_TRUNC != 0 && opened.CompareAndSwap(false, true)
 }
@@ -158,7 +150,6 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	var fuseFlags uint32
 	n.fsys.cached(out)
 	child := ch.Operations().(*node)
-	child.opened.Store(true)
 	w := n.fsys.dmd.BeginWrite(child.id, callerTid(ctx), rel, true)
 	if !n.fsys.dmd.CloseWaits() {
 		fuseFlags |= fuse.FOPEN_NOFLUSH

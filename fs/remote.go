@@ -26,7 +26,9 @@ type remoteNode struct {
 	// take its name between the kernel's LOOKUP and the request that
 	// follows it, and an open then starts again from that name.
 	last atomic.Pointer[string]
-	// opened: see node.opened.
+	// opened says an open of it returned a handle: from then on the
+	// kernel passes its opens through to that handle's backing file
+	// while any is open (see retarget).
 	opened atomic.Bool
 }
 

@@ -207,6 +207,10 @@ func (d *DMD) Changed(ctx context.Context, rel string) {
 		// another node's file (its owner publishes it).
 		return
 	}
+	d.mu.Lock()
+	d.releaseLocked(rel)
+	d.mu.Unlock()
+	defer d.released(rel)
 	rec, err := d.fileRecord(rel, -1, st, nil, false)
 	if err != nil {
 		d.notHashed(rel, err)

@@ -143,6 +143,10 @@ func (d *DMD) reconcile(ctx context.Context, rel string, op retryOp) error {
 	if _, isCopy := d.copyOf(rel); !complete || isCopy {
 		return nil
 	}
+	d.mu.Lock()
+	d.releaseLocked(rel)
+	d.mu.Unlock()
+	defer d.released(rel)
 	rec, err := d.fileRecord(rel, -1, st, nil, false)
 	if errors.Is(err, errGone) {
 		return nil // renamed or removed meanwhile: that change publishes

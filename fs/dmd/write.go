@@ -326,28 +326,13 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, verdict bool) (
 			// Readers are let in now; its publish follows. Until it
 			// is done, a change told from elsewhere does not remove
 			// it (the publish is the newer one, or loses later).
-			if d.releasing[name] == 0 {
-				d.releaseBase[name] = d.toldGen(name)
-			}
-			d.releasing[name]++
+			d.releaseLocked(name)
 		}
 	}
 	d.finishLocked(w.id, ws)
 	d.mu.Unlock()
 	if changed {
-		defer func() {
-			d.mu.Lock()
-			for _, name := range names {
-				if d.releasing[name]--; d.releasing[name] <= 0 {
-					delete(d.releasing, name)
-					delete(d.releaseBase, name)
-				}
-			}
-			d.mu.Unlock()
-			for _, name := range names {
-				d.publishDone(name)
-			}
-		}()
+		defer d.released(names...)
 	}
 
 	if st.Nlink == 0 {
@@ -385,6 +370,32 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, verdict bool) (
 		}
 	}
 	return &st, first
+}
+
+// releaseLocked notes that this node is publishing a version of name it
+// made (from its hashing to its commit): a change told from elsewhere
+// meanwhile does not remove it (the publish is the newer one, or loses
+// later: see publishDone). d.mu must be held; released ends it.
+func (d *DMD) releaseLocked(name string) {
+	if d.releasing[name] == 0 {
+		d.releaseBase[name] = d.toldGen(name)
+	}
+	d.releasing[name]++
+}
+
+// released ends what releaseLocked began, for each name.
+func (d *DMD) released(names ...string) {
+	d.mu.Lock()
+	for _, name := range names {
+		if d.releasing[name]--; d.releasing[name] <= 0 {
+			delete(d.releasing, name)
+			delete(d.releaseBase, name)
+		}
+	}
+	d.mu.Unlock()
+	for _, name := range names {
+		d.publishDone(name)
+	}
 }
 
 // inlineOf reads a small file that is about to be published, so that its
