@@ -39,7 +39,10 @@ func callerTid(ctx context.Context) uint32 {
 func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuseFlags uint32, errno syscall.Errno) {
 	fsys, d := n.fsys, n.fsys.dmd
 	tid := callerTid(ctx)
-	rel := n.rel()
+	rel, named := fsys.pathOf(n.EmbeddedInode())
+	if !named {
+		return nil, 0, syscall.ESTALE // its name went: the kernel looks it up again
+	}
 	id, regular, here := n.id, true, true
 	if !d.Solo() {
 		id, regular, here = n.backingID()
