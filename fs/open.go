@@ -50,16 +50,16 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 	if !d.Solo() && (!here || id != n.id) {
 		// Removed or replaced here since the kernel looked it up (a
 		// copy dropped or renewed).
-		if flags&writeFlags == 0 {
-			// Replaced by a newer copy, or dropped: a reader reads
-			// the current version (a look up again could race with
-			// the next change again); the kernel refreshes the
-			// inode's attributes.
-			return n.reopen(ctx, rel, flags)
+		if here && flags&writeFlags == 0 {
+			// Replaced by a newer copy: a reader reads the current
+			// version; the kernel refreshes the inode's attributes.
+			n.NotifyContent(-1, 0)
+			defer fsys.forget(rel)
+			return fsys.openWhenHere(ctx, rel, flags)
 		}
-		// Opened to write: it looks up again (the kernel retries an
-		// open that gets ESTALE once), and finds what the namespace
-		// has now.
+		// Gone here, or opened to write: it looks up again (the
+		// kernel retries an open that gets ESTALE once), and finds
+		// what the namespace has now.
 		return nil, 0, syscall.ESTALE
 	}
 	if regular && !d.CurrentHere(ctx, rel) {
@@ -82,7 +82,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 		}
 		lf, oerr := n.openHere(flags)
 		if oerr == syscall.ENOENT && !d.Solo() {
-			return n.reopen(ctx, rel, flags) // a copy dropped just now
+			return nil, 0, syscall.ESTALE // a copy dropped just now: look up again
 		}
 		if oerr != 0 {
 			return nil, 0, oerr
@@ -108,24 +108,6 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 		fuseFlags |= fuse.FOPEN_NOFLUSH
 	}
 	return h, fuseFlags, 0
-}
-
-// reopen opens for reading the version the namespace has now at rel,
-// whose file here the node stood for went or was replaced since the
-// kernel looked it up: as a LOOKUP and an OPEN a moment later would
-// (removed everywhere: ENOENT, unless the caller waits for it).
-func (n *node) reopen(ctx context.Context, rel string, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	fsys := n.fsys
-	n.NotifyContent(-1, 0)
-	defer fsys.forget(rel)
-	var st syscall.Stat_t
-	if fsys.back().Lstat(rel, &st) != nil {
-		_, ok, err := fsys.dmd.Entry(ctx, rel, false)
-		if err == nil && !ok && !fsys.waits(callerTid(ctx), rel) {
-			return nil, 0, syscall.ENOENT
-		}
-	}
-	return fsys.openWhenHere(ctx, rel, flags)
 }
 
 // retarget reports whether an open for writing with flags may open the

@@ -48,17 +48,27 @@ func (d *DMD) Install(tmp *os.File, v dtl.Version) error {
 		return fmt.Errorf("install %s: %w", rel, err)
 	}
 	defer unix.Close(dirfd)
-	// Renamed into place and noted as a copy at once: a rename through
-	// the mount onto rel right after would otherwise find it not yet a
-	// copy (and keep the note), and the note, coming after, would make
-	// the renamed file, this node's own, a stale copy to remove.
+	// Noted as a copy before it is there: a writer that opens it at once
+	// makes it this node's own (its release drops the note), and a note
+	// coming after would make that file a stale copy to remove. Under
+	// namesMu: no stale copy is removed meanwhile.
 	d.namesMu.Lock()
 	defer d.namesMu.Unlock()
-	err = unix.Renameat2(d.tempFd, filepath.Base(tmp.Name()), dirfd, base, unix.RENAME_NOREPLACE)
-	if err != nil {
-		return &os.LinkError{Op: "install", Old: tmp.Name(), New: rel, Err: err}
+	fail := func(err error) error { return &os.LinkError{Op: "install", Old: tmp.Name(), New: rel, Err: err} }
+	var there unix.Stat_t
+	if err := unix.Fstatat(dirfd, base, &there, unix.AT_SYMLINK_NOFOLLOW); err == nil {
+		return fail(unix.EEXIST)
 	}
-	d.noteCopy(rel, copyInfo{owner: v.Owner, gen: v.Info.Generation})
+	c := copyInfo{owner: v.Owner, gen: v.Info.Generation}
+	d.noteCopy(rel, c)
+	if err := unix.Renameat2(d.tempFd, filepath.Base(tmp.Name()), dirfd, base, unix.RENAME_NOREPLACE); err != nil {
+		d.mu.Lock()
+		if d.copies[rel] == c {
+			delete(d.copies, rel) // something else got there first
+		}
+		d.mu.Unlock()
+		return fail(err)
+	}
 	return nil
 }
 

@@ -264,11 +264,18 @@ func (d *DMD) currentHere(ctx context.Context, rel string, st *syscall.Stat_t) b
 	}
 	d.mu.Lock()
 	busy := d.busy[IDOf(st)] != nil
+	_, publishing := d.publishing[rel]
+	ending := d.releasing[rel] > 0 || publishing
 	_, superseded := d.superseded[rel]
 	c, isCopy := d.copies[rel]
 	d.mu.Unlock()
 	if busy {
 		return true // its writers here decide
+	}
+	if ending && !isCopy {
+		// This node publishes its version now: whether a change told
+		// meanwhile wins is known once it is done (see publishDone).
+		return true
 	}
 	if superseded {
 		return false
@@ -345,7 +352,14 @@ func (d *DMD) supersede(rel string, rec hfl.Record, st *syscall.Stat_t) {
 func (d *DMD) dropStale(rel string, st *syscall.Stat_t, rec hfl.Record) {
 	d.log.Debug("dropping a stale copy", "path", rel, "now", rec.Generation, "writing", rec.Writing)
 	d.stats.staleCopies.Add(1)
-	d.removeBeneath(rel, false, st)
+	d.namesMu.Lock()
+	d.mu.Lock()
+	_, still := d.copies[rel]
+	d.mu.Unlock()
+	if still { // not made this node's own since (written, renamed onto)
+		d.removeBeneathLocked(rel, false, st)
+	}
+	d.namesMu.Unlock()
 	d.changedUnseen(rel)
 }
 
