@@ -41,7 +41,14 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 	tid := callerTid(ctx)
 	rel, named := fsys.pathOf(n.EmbeddedInode())
 	if !named {
-		return nil, 0, syscall.ESTALE // its name went: the kernel looks it up again
+		// Its name went (renamed over, removed) between the kernel's
+		// look up and this open. Alone, the backing directory is the
+		// namespace: ENOENT, as a loopback filesystem answers. With
+		// other nodes, ESTALE: the kernel looks the name up again.
+		if d.Solo() {
+			return nil, 0, syscall.ENOENT
+		}
+		return nil, 0, syscall.ESTALE
 	}
 	id, regular, here := n.id, true, true
 	if !d.Solo() {
