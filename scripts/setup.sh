@@ -10,6 +10,7 @@ export PATH="$PATH:/usr/local/go/bin"
 # for the tests; iproute2 (ip, tc) for the multi-node tests; iperf3 for the
 # benchmark's network baseline; the programs the tests run on the mount
 # as users do (rsync, sqlite3, and Debian's python3 with numpy and h5py);
+# openssl, whose sha256 the tests use on their 5 GiB files (fast);
 # strace, to count what the daemon does for one waiting open; perl and
 # gcc for the POSIX conformance suite; pkg-config and libucx-dev for the
 # UCX transport (ucx-utils: ucx_info and ucx_perftest, its baselines).
@@ -25,6 +26,7 @@ command -v iperf3 >/dev/null || packages+=(iperf3)
 command -v rsync >/dev/null || packages+=(rsync)
 command -v sqlite3 >/dev/null || packages+=(sqlite3)
 command -v strace >/dev/null || packages+=(strace)
+command -v openssl >/dev/null || packages+=(openssl)
 # perl's prove and a C compiler build and run pjdfstest (../shared).
 command -v prove >/dev/null || packages+=(perl)
 command -v cc >/dev/null || packages+=(gcc)

@@ -100,9 +100,9 @@ func (m *mount) restart() {
 // shaOf is the sha256 of the file at p.
 func shaOf(t *testing.T, dir, p string) string {
 	t.Helper()
-	r := run(t, dir, "sha256sum", p)
+	r := run(t, dir, "openssl", "dgst", "-sha256", "-r", p) // see sha256Cmd
 	if r.err != nil {
-		t.Fatalf("sha256sum %s: %v", p, r)
+		t.Fatalf("sha256 of %s: %v", p, r)
 	}
 	return strings.Fields(r.stdout)[0]
 }
