@@ -294,7 +294,13 @@ func (t *Transport) guard(fn func(from string, body []byte, r fluxc.Request)) fu
 			refuse(r, codeUnauthorized, fmt.Sprintf("node %q could not prove it holds this job's secret", from))
 			return
 		}
-		t.wg.Add(1)
+		// Counted under the lock that Close takes: a request that
+		// arrives while Close waits for the others is refused, not
+		// added to the count Close is waiting on.
+		if err := t.enter(); err != nil {
+			refuse(r, codeBusy, "the transport is closing")
+			return
+		}
 		defer t.wg.Done()
 		fn(from, p[1+int(p[0])+tokenLen:], r)
 	}
