@@ -36,7 +36,7 @@ func callerTid(ctx context.Context) uint32 {
 // backing file is opened, so that readers never see a truncated file. A
 // file that is not the namespace's current version any more (replaced
 // elsewhere since the kernel looked it up) is opened as the current one.
-func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuseFlags uint32, errno syscall.Errno) {
+func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	fsys, d := n.fsys, n.fsys.dmd
 	tid := callerTid(ctx)
 	rel, named := fsys.pathOf(n.EmbeddedInode())
@@ -87,47 +87,35 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 				return nil, 0, fsys.errno("open", rel, err)
 			}
 		}
-		lf, oerr := n.openHere(flags)
-		if oerr == syscall.ENOENT && !d.Solo() {
+		fh, errno := n.openHere(flags)
+		if errno == syscall.ENOENT && !d.Solo() {
 			return nil, 0, syscall.ESTALE // a copy dropped just now: look up again
 		}
-		if oerr != 0 {
-			return nil, 0, oerr
+		if errno != 0 {
+			return nil, 0, errno
 		}
-		return fsys.newReadHandle(lf, rel), fuse.FOPEN_NOFLUSH, 0
+		return fsys.newReadHandle(fh, rel), fuse.FOPEN_NOFLUSH, 0
 	}
 	// The version this write replaces, if it is published: its writer's
 	// close tells every node holding a copy (see writeHandle.Flush).
 	prev, published := d.PublishedAs(ctx, rel)
 	w := d.BeginWrite(id, tid, rel, false)
-	lf, oerr := n.openHere(flags)
-	if oerr != 0 {
+	fh, errno := n.openHere(flags)
+	var fuseFlags uint32
+	if errno != 0 {
 		w.Abort()
-		if oerr == syscall.ENOENT && !d.Solo() {
+		if errno == syscall.ENOENT && !d.Solo() {
 			return nil, 0, syscall.ESTALE
 		}
-		return nil, 0, oerr
+		return nil, 0, errno
 	}
-	h := fsys.newWriteHandle(lf, w, n.knownRel)
+	h := fsys.newWriteHandle(fh, w, n.knownRel)
 	if published {
 		h.claim(prev)
 	} else if !d.CloseWaits() {
 		fuseFlags |= fuse.FOPEN_NOFLUSH
 	}
 	return h, fuseFlags, 0
-}
-
-// retarget reports whether an open for writing with flags may open the
-// current version of a file published elsewhere through the inode of
-// another version (opened: that inode's): only a truncating open, which
-// needs nothing of that version and whose size the kernel sets to 0, and
-// only through an inode never opened, to which the kernel ties no backing
-// file yet (it passes every open of an inode through to the backing file
-// its first open gave, while any is open). Otherwise ESTALE has the
-// kernel look the name up again, which may race with the next change
-// again.
-func retarget(opened *atomic.Bool, flags uint32) bool {
-	return flags&syscall.O_TRUNC != 0 && opened.CompareAndSwap(false, true)
 }
 
 // backingID returns the backing inode the node's path names now, whether

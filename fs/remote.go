@@ -322,3 +322,16 @@ func (fsys *FS) copyTimes(rel string, a *fuse.Attr) {
 		a.Ctime, a.Ctimensec = a.Mtime, a.Mtimensec
 	}
 }
+
+// retarget reports whether an open for writing with flags may open the
+// current version of a file published elsewhere through the inode of
+// another version (opened: that inode's): only a truncating open, which
+// needs nothing of that version and whose size the kernel sets to 0, and
+// only through an inode never opened, to which the kernel ties no backing
+// file yet (it passes every open of an inode through to the backing file
+// its first open gave, while any is open). Otherwise ESTALE has the
+// kernel look the name up again, which may race with the next change
+// again.
+func retarget(opened *atomic.Bool, flags uint32) bool {
+	return flags&syscall.O_TRUNC != 0 && opened.CompareAndSwap(false, true)
+}

@@ -207,9 +207,7 @@ func (d *DMD) Changed(ctx context.Context, rel string) {
 		// another node's file (its owner publishes it).
 		return
 	}
-	d.mu.Lock()
-	d.releaseLocked(rel)
-	d.mu.Unlock()
+	d.beginRelease(rel)
 	defer d.released(rel)
 	rec, err := d.fileRecord(rel, -1, st, nil, false)
 	if err != nil {

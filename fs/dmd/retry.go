@@ -143,9 +143,7 @@ func (d *DMD) reconcile(ctx context.Context, rel string, op retryOp) error {
 	if _, isCopy := d.copyOf(rel); !complete || isCopy {
 		return nil
 	}
-	d.mu.Lock()
-	d.releaseLocked(rel)
-	d.mu.Unlock()
+	d.beginRelease(rel)
 	defer d.released(rel)
 	rec, err := d.fileRecord(rel, -1, st, nil, false)
 	if errors.Is(err, errGone) {

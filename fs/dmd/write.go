@@ -383,6 +383,13 @@ func (d *DMD) releaseLocked(name string) {
 	d.releasing[name]++
 }
 
+// beginRelease is releaseLocked for a republish (a chmod's, a retry's).
+func (d *DMD) beginRelease(name string) {
+	d.mu.Lock()
+	d.releaseLocked(name)
+	d.mu.Unlock()
+}
+
 // released ends what releaseLocked began, for each name.
 func (d *DMD) released(names ...string) {
 	d.mu.Lock()
