@@ -56,6 +56,11 @@ func (m *storeMonitor) check(ctx context.Context) {
 	m.health, m.err, m.checked = h, err, time.Now()
 }
 
+// committer is a store that gathers publishes into transactions.
+type committer interface {
+	Commits() (transactions, publishes uint64)
+}
+
 // section is the store's part of the status: its state when last asked,
 // and the files waiting for it.
 func (m *storeMonitor) section(d *dmd.DMD) map[string]any {
@@ -79,6 +84,10 @@ func (m *storeMonitor) section(d *dmd.DMD) map[string]any {
 	}
 	if p := d.PendingList(); len(p) > 0 {
 		s["oldest_pending_s"] = p[0].Seconds
+	}
+	if c, ok := m.store.(committer); ok {
+		// Group commit: publishes per transaction is their ratio.
+		s["transactions"], s["transaction_publishes"] = c.Commits()
 	}
 	return s
 }

@@ -210,6 +210,9 @@ type Store struct {
 	// registrations by etcd key.
 	regMu sync.Mutex
 	regs  map[string]*etcdRegistration
+
+	// commits gathers publishes into transactions (see batch.go).
+	commits committer
 }
 
 var _ store.Store = (*Store)(nil)
@@ -279,14 +282,16 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("metadata store %s://%s: %w: %s", cfg.Scheme(), endpoints, err, hint)
 	}
 	sctx, scancel := context.WithCancel(context.Background())
-	return &Store{
+	s := &Store{
 		cfg:       cfg,
 		endpoints: endpoints,
 		cli:       cli,
 		ctx:       sctx,
 		cancel:    scancel,
 		regs:      make(map[string]*etcdRegistration),
-	}, nil
+	}
+	s.commits = committer{s: s, max: maxBatch}
+	return s, nil
 }
 
 func (s *Store) recordKey(key string) string { return s.cfg.Prefix + etcdRecordDir + key }
@@ -355,8 +360,9 @@ func (s *Store) checkOpen() error {
 	return nil
 }
 
-// Publish implements store.Store: one transaction that puts the record and its
-// index entry; its revision is the generation.
+// Publish implements store.Store: the record and its index entry are put
+// in one transaction, with the publishes that arrived while the previous
+// one was in flight (see batch.go); its revision is the generation.
 func (s *Store) Publish(ctx context.Context, slot store.Slot, rec store.Record) (store.Record, error) {
 	if err := s.checkOpen(); err != nil {
 		return store.Record{}, err
@@ -366,16 +372,13 @@ func (s *Store) Publish(ctx context.Context, slot store.Slot, rec store.Record) 
 	if err != nil {
 		return store.Record{}, fmt.Errorf("etcd: publish %q: %w", slot.Key, err)
 	}
-	cctx, cancel := s.call(ctx)
-	defer cancel()
-	resp, err := s.cli.Txn(cctx).Then(
-		clientv3.OpPut(s.recordKey(slot.Key), string(v)),
-		clientv3.OpPut(s.indexKey(slot), string(v)),
-	).Commit()
+	req := &publishReq{key: s.recordKey(slot.Key), index: s.indexKey(slot), value: string(v), slotKey: slot.Key, done: make(chan struct{})}
+	s.commits.submit(req)
+	rev, err := s.commits.wait(ctx, req)
 	if err != nil {
-		return store.Record{}, s.fail(ctx, cctx, "publish", slot.Key, err)
+		return store.Record{}, err
 	}
-	rec.Generation = uint64(resp.Header.Revision)
+	rec.Generation = uint64(rev)
 	return rec, nil
 }
 

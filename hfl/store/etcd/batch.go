@@ -1,0 +1,192 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dyadfs/dyadfs/hfl/store"
+)
+
+// Group commit. Publishes that arrive while a transaction is in flight go
+// together into the next one: etcd's cost is per request and per WAL sync
+// far more than per key, so a busy node (many writers, or releases that do
+// not wait) pays one commit for many files, while a lone writer's publish
+// is committed at once, as alone as before. One transaction is atomic:
+// every publish in it lands, or none does and each of its callers hears
+// the same refusal (a full store, a denied write).
+//
+// A key appears at most once in a transaction (etcd refuses duplicates),
+// so a second publish of a key waits for the next one, which also keeps
+// the two in the order they came.
+
+// maxBatch is how many publishes one transaction takes at most: each is
+// two puts, and etcd's default limit is 128 operations (--max-txn-ops).
+// A server configured lower refuses with "too many operations", and the
+// batch is split.
+const maxBatch = 64
+
+// publishReq is one publish waiting for its transaction.
+type publishReq struct {
+	key, index, value string // etcd keys and the record's JSON
+	slotKey           string // for messages
+
+	// Set by the committer before done is closed.
+	rev  int64
+	err  error
+	done chan struct{}
+
+	// abandoned: the caller stopped waiting before the request was taken
+	// into a transaction; it is not committed.
+	abandoned bool
+}
+
+// committer gathers publishes into transactions. At most one goroutine
+// commits at a time; it runs while there is work and exits when the queue
+// is empty.
+type committer struct {
+	s       *Store
+	mu      sync.Mutex
+	queue   []*publishReq
+	running bool
+	max     int // publishes per transaction; lowered if etcd refuses as many
+
+	// Counted for the status: transactions and the publishes they held.
+	txns, publishes uint64
+}
+
+// submit queues req and makes sure a committer runs.
+func (c *committer) submit(req *publishReq) {
+	c.mu.Lock()
+	c.queue = append(c.queue, req)
+	start := !c.running
+	c.running = true
+	c.mu.Unlock()
+	if start {
+		go c.run()
+	}
+}
+
+// abandon drops req if it is still queued; it reports whether it was (a
+// request already in a transaction may land).
+func (c *committer) abandon(req *publishReq) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, q := range c.queue {
+		if q == req {
+			req.abandoned = true
+			return true
+		}
+	}
+	return false
+}
+
+// run commits batches until the queue is empty.
+func (c *committer) run() {
+	for {
+		batch := c.next()
+		if batch == nil {
+			return
+		}
+		c.commit(batch)
+	}
+}
+
+// next takes the next transaction's publishes from the queue, in order,
+// leaving for later a key already taken; it returns nil, and ends the
+// committer's turn, when nothing is queued.
+func (c *committer) next() []*publishReq {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var batch []*publishReq
+	keys := make(map[string]bool)
+	rest := c.queue[:0]
+	for _, req := range c.queue {
+		switch {
+		case req.abandoned:
+			continue
+		case len(batch) >= c.max || keys[req.key] || keys[req.index]:
+			rest = append(rest, req)
+			continue
+		}
+		keys[req.key], keys[req.index] = true, true
+		batch = append(batch, req)
+	}
+	clear(c.queue[len(rest):])
+	c.queue = rest
+	if len(batch) == 0 {
+		c.running = false
+		return nil
+	}
+	return batch
+}
+
+// commit puts batch in one transaction and tells each caller.
+func (c *committer) commit(batch []*publishReq) {
+	s := c.s
+	ops := make([]clientv3.Op, 0, 2*len(batch))
+	for _, req := range batch {
+		ops = append(ops, clientv3.OpPut(req.key, req.value), clientv3.OpPut(req.index, req.value))
+	}
+	cctx, cancel := s.call(context.Background())
+	resp, err := s.cli.Txn(cctx).Then(ops...).Commit()
+	cancel()
+	if err != nil && len(batch) > 1 && tooMany(err) {
+		// Split it: a server with a lower operation limit, or one
+		// request too large, which then fails alone.
+		c.mu.Lock()
+		if errors.Is(err, rpctypes.ErrTooManyOps) || isGRPC(err, rpctypes.ErrGRPCTooManyOps) {
+			c.max = max(1, len(batch)/2)
+		}
+		c.mu.Unlock()
+		half := len(batch) / 2
+		c.commit(batch[:half])
+		c.commit(batch[half:])
+		return
+	}
+	c.mu.Lock()
+	c.txns++
+	c.publishes += uint64(len(batch))
+	c.mu.Unlock()
+	for _, req := range batch {
+		if err != nil {
+			req.err = s.fail(context.Background(), cctx, "publish", req.slotKey, err)
+		} else {
+			req.rev = resp.Header.Revision
+		}
+		close(req.done)
+	}
+}
+
+// tooMany reports whether etcd refused a transaction for its size.
+func tooMany(err error) bool {
+	return errors.Is(refusal(err), store.ErrTooLarge)
+}
+
+func isGRPC(err, want error) bool {
+	return err != nil && rpctypes.ErrorDesc(err) == rpctypes.ErrorDesc(want)
+}
+
+// wait waits for req's transaction, or for ctx.
+func (c *committer) wait(ctx context.Context, req *publishReq) (int64, error) {
+	select {
+	case <-req.done:
+		return req.rev, req.err
+	case <-ctx.Done():
+		c.abandon(req)
+		return 0, fmt.Errorf("etcd: publish %q: %w", req.slotKey, ctx.Err())
+	}
+}
+
+// Commits returns how many transactions the group commit made so far,
+// and how many publishes they held.
+func (s *Store) Commits() (transactions, publishes uint64) {
+	c := &s.commits
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.txns, c.publishes
+}
