@@ -46,12 +46,14 @@ type Status struct {
 	Info map[string]string `json:"info"`
 	PID  int               `json:"pid"`
 	// Goroutines is how many the daemon runs: a waiting open parks one.
-	Goroutines  int     `json:"goroutines"`
-	Mountpoint  string  `json:"mountpoint"`
-	Backing     string  `json:"backing"`
-	Node        string  `json:"node"`
-	Uptime      float64 `json:"uptime_seconds"`
-	Passthrough string  `json:"passthrough"`
+	Goroutines int `json:"goroutines"`
+	// Descriptors are the daemon's open descriptors and its limit.
+	Descriptors Descriptors `json:"descriptors"`
+	Mountpoint  string      `json:"mountpoint"`
+	Backing     string      `json:"backing"`
+	Node        string      `json:"node"`
+	Uptime      float64     `json:"uptime_seconds"`
+	Passthrough string      `json:"passthrough"`
 	// CrashMarkers says whether files half-written when the daemon died
 	// can be detected at restart.
 	CrashMarkers bool    `json:"crash_markers"`
@@ -88,6 +90,7 @@ func (fsys *FS) Status() Status {
 		Info:         fsys.cfg.Info,
 		PID:          os.Getpid(),
 		Goroutines:   runtime.NumGoroutine(),
+		Descriptors:  fsys.fds.status(),
 		Mountpoint:   fsys.cfg.Mountpoint,
 		Backing:      cfg.Backing,
 		Node:         cfg.Node,

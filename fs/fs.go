@@ -95,6 +95,9 @@ type FS struct {
 
 	controlOnce sync.Once
 	control     *gofs.Inode
+
+	// fds bounds the open handles below the descriptor limit.
+	fds *fdGuard
 }
 
 // Mount mounts the managed directory d at cfg.Mountpoint and starts serving.
@@ -107,7 +110,7 @@ func Mount(cfg Config, d *dmd.DMD, kernel *KernelNotifier, log *slog.Logger) (*F
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	fsys := &FS{cfg: cfg, dmd: d, log: log, ops: newOpStats(), started: time.Now()}
+	fsys := &FS{cfg: cfg, dmd: d, log: log, ops: newOpStats(), started: time.Now(), fds: newFdGuard(log)}
 	root, err := fsys.newRoot()
 	if err != nil {
 		return nil, err

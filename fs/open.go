@@ -38,6 +38,9 @@ func callerTid(ctx context.Context) uint32 {
 // elsewhere since the kernel looked it up) is opened as the current one.
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	fsys, d := n.fsys, n.fsys.dmd
+	if errno := fsys.fds.admit(ctx, fsys.log); errno != 0 {
+		return nil, 0, errno
+	}
 	tid := callerTid(ctx)
 	rel, named := fsys.pathOf(n.EmbeddedInode())
 	if !named {
@@ -138,6 +141,9 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	if n.reserved(name) {
 		return nil, nil, 0, syscall.EEXIST
 	}
+	if errno := n.fsys.fds.admit(ctx, n.fsys.log); errno != 0 {
+		return nil, nil, 0, errno
+	}
 	rel := n.childRel(name)
 	n.fsys.dmd.BeginCreate(rel)
 	defer n.fsys.dmd.EndCreate(rel)
@@ -202,6 +208,7 @@ func (fsys *FS) newWriteHandle(fh gofs.FileHandle, w *dmd.Writer, rel func() str
 	// the number only through PassthroughFd.
 	fd, _ := lf.PassthroughFd()
 	w.Opened(fd)
+	fsys.fds.opened()
 	return &writeHandle{LoopbackFile: lf, fsys: fsys, w: w, rel: rel, fd: fd}
 }
 
@@ -281,6 +288,7 @@ func (h *writeHandle) Flush(ctx context.Context) syscall.Errno {
 // Release implements gofs.FileReleaser. End logs what goes wrong.
 func (h *writeHandle) Release(ctx context.Context) syscall.Errno {
 	h.w.End(context.WithoutCancel(ctx), h.fd, h.rel())
+	defer h.fsys.fds.released()
 	return h.LoopbackFile.Release(ctx)
 }
 
@@ -298,6 +306,7 @@ var (
 )
 
 func (fsys *FS) newReadHandle(fh gofs.FileHandle, rel string) gofs.FileHandle {
+	fsys.fds.opened()
 	return &readHandle{LoopbackFile: fh.(*gofs.LoopbackFile), fsys: fsys, rel: rel}
 }
 
@@ -313,6 +322,7 @@ func (h *readHandle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Err
 // Release implements gofs.FileReleaser.
 func (h *readHandle) Release(ctx context.Context) syscall.Errno {
 	errno := h.LoopbackFile.Release(ctx)
+	h.fsys.fds.released()
 	h.fsys.readReleases.Add(1)
 	return errno
 }

@@ -72,6 +72,9 @@ func printStatus(out io.Writer, st *fs.Status) {
 	row("uptime", fmt.Sprintf("%.0fs", st.Uptime))
 	row("passthrough", st.Passthrough)
 	row("crash markers", onOff(st.CrashMarkers))
+	fd := st.Descriptors
+	row("descriptors", fmt.Sprintf("%d open of %d; file handles %d (at most %d; opens held back %d, now %d)",
+		fd.Open, fd.Limit, fd.Handles, fd.HandlesMax, fd.OpensHeld, fd.OpensWaiting))
 	w.Flush()
 
 	fmt.Fprintln(out, "\nmanaged directory")

@@ -15,7 +15,31 @@ import (
 // for: once that is gone, reads fail with ESRCH or return nothing, and the
 // descriptor is replaced, so a reused thread id is never read through a
 // stale descriptor.
-var procFiles = newFdCache(256)
+var procFiles = newFdCache(DefaultKeptFiles)
+
+// DefaultKeptFiles is how many /proc files are kept open at most, unless
+// SetKeptFiles says otherwise.
+const DefaultKeptFiles = 256
+
+// KeptFiles returns how many /proc files are open now, and at most.
+func KeptFiles() (open, most int) {
+	c := procFiles
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.fds), c.max
+}
+
+// SetKeptFiles bounds the /proc files kept open to n (at least 1): a
+// daemon with few descriptors keeps fewer.
+func SetKeptFiles(n int) {
+	c := procFiles
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.max = max(n, 1)
+	for c.order.Len() > c.max {
+		c.evictLocked(c.order.Back().Value.(fdKey))
+	}
+}
 
 type fdKey struct {
 	tid  uint32
