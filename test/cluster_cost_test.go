@@ -2,6 +2,8 @@ package test
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -65,4 +67,104 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// writersScript runs writers shell loops at once, each writing files
+// small files into its own directory; a file whose close succeeded is
+// listed in okList. It fails if any writer failed. dd opens and closes
+// each file itself (and fails if its close fails): a shell's redirection
+// would keep the file open in the shell after the command exits, and
+// the shell ignores that close's error.
+func writersScript(writers, files int, okList string) string {
+	return fmt.Sprintf(`
+for w in $(seq 1 %d); do
+  (mkdir -p w$w && i=0 && while [ $i -lt %d ]; do
+     dd if=/dev/urandom of=w$w/f$i bs=1024 count=1 status=none || { echo "create w$w/f$i failed" >&2; exit 1; }
+     echo w$w/f$i >> %s.$w
+     i=$((i+1))
+   done) &
+  pids="$pids $!"
+done
+fail=0
+for p in $pids; do wait $p || fail=1; done
+cat %s.* > %s
+exit $fail`, writers, files, okList, okList, okList)
+}
+
+// TestClusterGroupCommit: 16 writers whose closes wait for the store
+// share its transactions (the store section of the status counts them),
+// and every file is read on the other node with its bytes.
+func TestClusterGroupCommit(t *testing.T) {
+	const writers, files = 16, 60
+	c := newCluster(t, 2)
+	n0, n1 := c.nodes[0], c.nodes[1]
+	ok := filepath.Join(c.dir, "ok")
+	if res := within(t, "writers", 3*time.Minute, n0.startShFor(3*time.Minute, writersScript(writers, files, ok))); res.err != nil {
+		t.Fatalf("writers: %v", res)
+	}
+	store := n0.status().Extra["store"].(map[string]any)
+	txns, pubs := store["transactions"].(float64), store["transaction_publishes"].(float64)
+	if pubs < writers*files || txns >= pubs {
+		t.Fatalf("store section %v: want at least %d publishes in fewer transactions", store, writers*files)
+	}
+	t.Logf("%v publishes in %v transactions", pubs, txns)
+	sameOnBoth(t, c, n0, n1, ok, writers*files)
+}
+
+// sameOnBoth checks that node b reads every file listed in list as node a
+// wrote it (its backing file), and that there are want of them.
+func sameOnBoth(t *testing.T, c *cluster, a, b *node, list string, want int) {
+	t.Helper()
+	data, err := os.ReadFile(list)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := strings.Fields(string(data))
+	if want >= 0 && len(names) != want {
+		t.Fatalf("%d files closed; want %d", len(names), want)
+	}
+	script := "cd " + c.mnt + "\nfor f in " + strings.Join(names, " ") + "; do cmp $f " + a.backing + "/$f; done"
+	res, ok := waitFor(b.startShFor(40*time.Second, script), 40*time.Second)
+	if !ok || res.err != nil {
+		ps, _ := runOut("sh", "-c", "for c in $(pgrep -x cmp); do p=$(ps -o ppid= -p $c); ps -o pid,stat,wchan:32,args -p $p | cut -c1-100; cat /proc/$p/stack; ls -l /proc/$p/fd; for t in /proc/$p/task/*; do cat $t/stack; done; done")
+		t.Logf("ps: %s", ps)
+		t.Logf("node 2 ops: %+v", b.status().Ops)
+		t.Fatalf("node 2 reads what node 1 wrote: %v\nnode 2 waits: %+v\nnode 1 unpublished: %+v", res, b.status().Waiters, a.status().Unpublished)
+	}
+}
+
+// TestClusterGroupCommitKilled: the daemon killed while its writers'
+// closes wait in batches loses no file whose close succeeded: once it is
+// mounted again, the other node reads every one of them.
+func TestClusterGroupCommitKilled(t *testing.T) {
+	const writers, files = 16, 400
+	c := newCluster(t, 2)
+	n0, n1 := c.nodes[0], c.nodes[1]
+	ok := filepath.Join(c.dir, "ok")
+	done := n0.startShFor(3*time.Minute, writersScript(writers, files, ok))
+	eventually(t, "writers under way", func() bool {
+		out, _ := n0.run("sh", "-c", "cat "+ok+".* 2>/dev/null | wc -l")
+		return strings.TrimSpace(out) >= "200" && len(strings.TrimSpace(out)) >= 3
+	})
+	n0.kill()
+	res := within(t, "writers", time.Minute, done)
+	if res.err == nil {
+		t.Fatalf("writers all finished before the kill: %v", res)
+	}
+	t.Logf("writers: %v", res)
+	n0.start()
+	sameOnBoth(t, c, n0, n1, ok, -1)
+	data, _ := os.ReadFile(ok)
+	t.Logf("%d files closed before the kill, all read on node 2", len(strings.Fields(string(data))))
+}
+
+// waitFor returns what ch gives within limit, or false.
+func waitFor[T any](ch <-chan T, limit time.Duration) (T, bool) {
+	select {
+	case v := <-ch:
+		return v, true
+	case <-time.After(limit):
+		var zero T
+		return zero, false
+	}
 }

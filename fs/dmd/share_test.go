@@ -322,10 +322,13 @@ func TestCloseReportsTheStoresVerdict(t *testing.T) {
 		}
 	}
 
-	// Closes that are not the writer's last publish nothing.
+	// Closes that are not the writer's last publish nothing: a copy in
+	// another process while the opener holds the file, and the opener's
+	// while it holds another descriptor.
 	w, f = fx.create("later")
 	f.WriteString("x")
-	if err := w.Close(fx.ctx(), int(f.Fd()), "later", uint32(os.Getpid()), notHeld); err != nil {
+	openerHolds := func(pid uint32) bool { return pid == tid }
+	if err := w.Close(fx.ctx(), int(f.Fd()), "later", uint32(os.Getpid()), openerHolds); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Close(fx.ctx(), int(f.Fd()), "later", tid, func(uint32) bool { return true }); err != nil {
@@ -347,6 +350,19 @@ func TestCloseReportsTheStoresVerdict(t *testing.T) {
 	if rec, err := fx.record("later"); err != nil || rec.Generation <= first.Generation || rec.Size != 5 {
 		t.Fatalf("written after its close: %+v, %v; want a newer publish of 5 bytes", rec, err)
 	}
+
+	// A process that inherited the descriptor closes it last (a
+	// command started with a redirection its shell opened and closed):
+	// that close publishes.
+	w, f = fx.create("inherited")
+	f.WriteString("x")
+	if err := w.Close(fx.ctx(), int(f.Fd()), "inherited", uint32(os.Getpid()), notHeld); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fx.record("inherited"); err != nil {
+		t.Fatalf("not published at the inheritor's last close: %v", err)
+	}
+	fx.end(w, f, "inherited")
 }
 
 // TestUnchangedSeesRewriteInPlace: a file rewritten in place while it is

@@ -184,10 +184,10 @@ func (w *Writer) End(ctx context.Context, fd int, rel string) error {
 
 // Close is the close of one of the handle's descriptors, by thread tid, when
 // Config.CloseWait asks for the store's verdict at close. If the closing
-// process opened the handle and holds no other descriptor of the file
-// (held tells), and no other handle on this node writes it, this close is
-// its writer's last: the file is finished now, as End would finish it, and
-// Close returns once the store took its publish, or with ErrPublish (the
+// process holds no other descriptor of the file (held tells), nor does the
+// process that opened the handle, and no other handle on this node writes
+// it, this close is its writer's last: the file is finished now, as End
+// would finish it, and Close returns once the store took its publish, or with ErrPublish (the
 // writer's close() fails then; the publish is retried). Any other close
 // publishes nothing: the file is finished at its handle's release, as
 // without CloseWait.
@@ -201,14 +201,17 @@ func (w *Writer) Close(ctx context.Context, fd int, rel string, tid uint32, held
 	if w.closed {
 		return w.again(ctx, fd, rel, true)
 	}
-	if processOf(tid) != w.pid {
-		return nil // a copy of the descriptor in another process
-	}
+	// The writer's last close: by the process that opened the handle,
+	// or by one that inherited it (a shell opens a redirection, the
+	// command it starts writes and closes), once neither holds it.
 	d.mu.Lock()
 	sole := w.ws.writers == 1
 	d.mu.Unlock()
-	if !sole || !w.Changed(fd) || held(w.pid) {
+	if !sole || !w.Changed(fd) {
 		return nil
+	}
+	if closer := processOf(tid); held(closer) || (closer != w.pid && held(w.pid)) {
+		return nil // a copy of the descriptor is still open
 	}
 	done, _ := d.startWait(rel, tid, "publish at close")
 	defer done()
