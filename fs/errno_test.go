@@ -36,18 +36,18 @@ func (s *faultyStore) fail() error {
 	return nil
 }
 
-func (s *faultyStore) Lookup(ctx context.Context, key string) (hfl.Record, error) {
+func (s *faultyStore) Lookup(ctx context.Context, slot hfl.Slot) (hfl.Record, error) {
 	if err := s.fail(); err != nil {
 		return hfl.Record{}, err
 	}
-	return s.Store.Lookup(ctx, key)
+	return s.Store.Lookup(ctx, slot)
 }
 
-func (s *faultyStore) Wait(ctx context.Context, key string, after uint64) (hfl.Record, error) {
+func (s *faultyStore) Wait(ctx context.Context, slot hfl.Slot, after uint64) (hfl.Record, error) {
 	if err := s.fail(); err != nil {
 		return hfl.Record{}, err
 	}
-	return s.Store.Wait(ctx, key, after)
+	return s.Store.Wait(ctx, slot, after)
 }
 
 func (s *faultyStore) ListDir(ctx context.Context, dir, after string, limit int) ([]hfl.Record, error) {

@@ -66,11 +66,11 @@ func (g *downStore) Publish(ctx context.Context, slot Slot, rec Record) (Record,
 	return out, g.done(err)
 }
 
-func (g *downStore) Lookup(ctx context.Context, key string) (Record, error) {
+func (g *downStore) Lookup(ctx context.Context, slot Slot) (Record, error) {
 	if err := g.check(); err != nil {
 		return Record{}, err
 	}
-	rec, err := g.Store.Lookup(ctx, key)
+	rec, err := g.Store.Lookup(ctx, slot)
 	return rec, g.done(err)
 }
 

@@ -133,7 +133,7 @@ func TestNoticeCarriesSmallFiles(t *testing.T) {
 			}
 			return rec.Generation == pub.Generation && rec.Inline != nil
 		})
-		if rec, err := store.Lookup(ctx, producer.Key(path)); err != nil || rec.Inline != nil {
+		if rec, err := store.Lookup(ctx, producer.Slot(path)); err != nil || rec.Inline != nil {
 			t.Fatalf("%s: the store's record %+v, %v: want one without bytes", path, rec, err)
 		}
 		for _, l := range locs {
@@ -155,7 +155,7 @@ type blockingLookups struct {
 	started chan struct{}
 }
 
-func (s *blockingLookups) Lookup(ctx context.Context, key string) (Record, error) {
+func (s *blockingLookups) Lookup(ctx context.Context, slot Slot) (Record, error) {
 	s.started <- struct{}{}
 	<-ctx.Done()
 	return Record{}, ctx.Err()

@@ -326,7 +326,7 @@ func (l *Locator) State(ctx context.Context, path string) (State, error) {
 			l.hits[LevelCache].Add(1)
 			return State{Rec: rec, Exists: true, Gen: rec.Generation, Level: LevelCache}, nil
 		}
-		rec, err := l.store.Lookup(ctx, l.Key(path))
+		rec, err := l.store.Lookup(ctx, l.Slot(path))
 		return l.stateFromStore(rec, err, nil)
 	}
 	cached := func() (State, bool) {
@@ -364,7 +364,7 @@ func (l *Locator) State(ctx context.Context, path string) (State, error) {
 		}
 		return State{Rec: a.rec, Exists: true, Gen: a.rec.Generation, Level: LevelHome}, nil
 	}
-	rec, err := l.store.Lookup(ctx, l.Key(path))
+	rec, err := l.store.Lookup(ctx, l.Slot(path))
 	keep := a.endFlight()
 	if exists := err == nil; exists || errors.Is(err, ErrNotFound) {
 		n.holder.learn(path, rec, exists, rec.Generation, a.promise, a.registered && keep)
@@ -556,7 +556,7 @@ func (l *Locator) LocateWaiting(ctx context.Context, w *Watch, ahead bool) (Reco
 	}
 	for {
 		lctx, cancel := w.cancelOnChange(ctx)
-		rec, err := l.store.Lookup(lctx, l.Key(path))
+		rec, err := l.store.Lookup(lctx, l.Slot(path))
 		ended := lctx.Err() != nil
 		cancel()
 		if rec, ok := told(); ok {
@@ -591,7 +591,7 @@ func (l *Locator) Await(ctx context.Context, w *Watch, after uint64, ahead bool)
 	}
 	wctx, cancel := w.cancelOnChange(ctx)
 	defer cancel()
-	rec, err := l.store.Wait(wctx, l.Key(w.path), after)
+	rec, err := l.store.Wait(wctx, l.Slot(w.path), after)
 	switch {
 	case err == nil:
 		l.cache.put(rec)
@@ -607,7 +607,7 @@ func (l *Locator) Await(ctx context.Context, w *Watch, after uint64, ahead bool)
 // Published returns the global store's record of path, bypassing the other
 // levels: what other nodes would find.
 func (l *Locator) Published(ctx context.Context, path string) (Record, error) {
-	return l.store.Lookup(ctx, l.Key(path))
+	return l.store.Lookup(ctx, l.Slot(path))
 }
 
 // HomeOf returns the node that is the home of path (see notices) in this
@@ -945,7 +945,7 @@ func (n *notices) await(ctx context.Context, w *Watch, after uint64, ahead bool)
 		// ask the home again.
 		cctx, cancel := w.cancelOnChange(ctx)
 		wctx, cancelRenew := context.WithTimeout(cctx, n.t.resubscribe)
-		rec, err := n.l.store.Wait(wctx, n.l.Key(path), after)
+		rec, err := n.l.store.Wait(wctx, n.l.Slot(path), after)
 		ended := wctx.Err() != nil
 		cancelRenew()
 		cancel()

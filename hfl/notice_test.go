@@ -22,18 +22,18 @@ type slowStore struct {
 	blockWaits     bool
 }
 
-func (s *slowStore) Lookup(ctx context.Context, key string) (Record, error) {
+func (s *slowStore) Lookup(ctx context.Context, slot Slot) (Record, error) {
 	s.lookups.Add(1)
-	return s.Store.Lookup(ctx, key)
+	return s.Store.Lookup(ctx, slot)
 }
 
-func (s *slowStore) Wait(ctx context.Context, key string, after uint64) (Record, error) {
+func (s *slowStore) Wait(ctx context.Context, slot Slot, after uint64) (Record, error) {
 	s.waits.Add(1)
 	if s.blockWaits {
 		<-ctx.Done()
 		return Record{}, ctx.Err()
 	}
-	return s.Store.Wait(ctx, key, after)
+	return s.Store.Wait(ctx, slot, after)
 }
 
 // memPeers routes notices between locators in this process; a node in down

@@ -63,9 +63,9 @@ type countingStore struct {
 	lookupIn   chan struct{}
 }
 
-func (s *countingStore) Lookup(ctx context.Context, key string) (Record, error) {
+func (s *countingStore) Lookup(ctx context.Context, slot Slot) (Record, error) {
 	s.lookups.Add(1)
-	rec, err := s.Store.Lookup(ctx, key)
+	rec, err := s.Store.Lookup(ctx, slot)
 	if s.lookupGate != nil {
 		s.lookupIn <- struct{}{}
 		<-s.lookupGate

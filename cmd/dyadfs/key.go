@@ -14,8 +14,9 @@ const keyUsage = `Usage: dyadfs key [--key-depth D] [--key-bins B] RELPATH...
 
 Prints, one per line, the metadata key of each path relative to the managed
 directory: the key DYAD's gen_path_key computes for the same path, depth and
-bins. A record lives in the store under <namespace>/<key> (in etcd, under
-/dyadfs/rec/<namespace>/<key>). DYAD_KEY_DEPTH and DYAD_KEY_BINS set the
+bins. A record lives in the Flux KVS under that key in the namespace's
+directory (in etcd, in its directory's index,
+/dyadfs/dir/<namespace>/<dir>//<name>). DYAD_KEY_DEPTH and DYAD_KEY_BINS set the
 defaults, as for mount.
 
 Flags:

@@ -106,7 +106,7 @@ func (fx *fixture) written(rel, data string) hfl.Record {
 }
 
 func (fx *fixture) record(rel string) (hfl.Record, error) {
-	return fx.store.Lookup(context.Background(), fx.d.loc.Key(rel))
+	return fx.store.Lookup(context.Background(), fx.d.loc.Slot(rel))
 }
 
 func TestPublishOnLastRelease(t *testing.T) {

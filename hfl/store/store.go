@@ -22,12 +22,13 @@ type Store interface {
 	// assigned, which is larger than that of any earlier publish or
 	// removal of slot.Key.
 	Publish(ctx context.Context, slot Slot, rec Record) (Record, error)
-	// Lookup returns the record under key, or ErrNotFound.
-	Lookup(ctx context.Context, key string) (Record, error)
-	// Wait blocks until the store holds a record under key whose generation
-	// is larger than after (after == 0: any record) and returns it. It ends
-	// with ctx's error when ctx is done.
-	Wait(ctx context.Context, key string, after uint64) (Record, error)
+	// Lookup returns the record in slot (published there under
+	// slot.Key), or ErrNotFound.
+	Lookup(ctx context.Context, slot Slot) (Record, error)
+	// Wait blocks until the store holds a record in slot whose
+	// generation is larger than after (after == 0: any record) and
+	// returns it. It ends with ctx's error when ctx is done.
+	Wait(ctx context.Context, slot Slot, after uint64) (Record, error)
 	// Remove deletes the record in slot, from the key and the directory
 	// index at once, if it matches cond, and returns the generation of the
 	// removal (larger than the removed record's). It returns ErrNotFound

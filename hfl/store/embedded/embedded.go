@@ -120,7 +120,8 @@ func (s *Store) ListDir(ctx context.Context, dir, after string, limit int) ([]st
 }
 
 // Lookup implements store.Store.
-func (s *Store) Lookup(ctx context.Context, key string) (store.Record, error) {
+func (s *Store) Lookup(ctx context.Context, slot store.Slot) (store.Record, error) {
+	key := slot.Key
 	if s.isClosed() {
 		return store.Record{}, store.ErrClosed
 	}
@@ -134,7 +135,8 @@ func (s *Store) Lookup(ctx context.Context, key string) (store.Record, error) {
 }
 
 // Wait implements store.Store.
-func (s *Store) Wait(ctx context.Context, key string, after uint64) (store.Record, error) {
+func (s *Store) Wait(ctx context.Context, slot store.Slot, after uint64) (store.Record, error) {
+	key := slot.Key
 	for {
 		s.mu.Lock()
 		if rec, ok := s.records[key]; ok && rec.Generation > after {

@@ -18,7 +18,7 @@ func TestAbandonedWaitsLeaveNothing(t *testing.T) {
 	defer s.Close()
 	for i := 0; i < 100; i++ {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
-		s.Wait(ctx, "never", 0)
+		s.Wait(ctx, store.Slot{Key: "never", Dir: "d", Name: "never"}, 0)
 		cancel()
 	}
 	if n := s.waitersLen(); n != 0 {

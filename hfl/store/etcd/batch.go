@@ -25,15 +25,15 @@ import (
 // the two in the order they came.
 
 // maxBatch is how many publishes one transaction takes at most: each is
-// two puts, and etcd's default limit is 128 operations (--max-txn-ops).
+// one put, and etcd's default limit is 128 operations (--max-txn-ops).
 // A server configured lower refuses with "too many operations", and the
 // batch is split.
-const maxBatch = 64
+const maxBatch = 128
 
 // publishReq is one publish waiting for its transaction.
 type publishReq struct {
-	key, index, value string // etcd keys and the record's JSON
-	slotKey           string // for messages
+	key, value string // etcd key and the record's JSON
+	slotKey    string // for messages
 
 	// Set by the committer before done is closed.
 	rev  int64
@@ -109,11 +109,11 @@ func (c *committer) next() []*publishReq {
 		switch {
 		case req.abandoned:
 			continue
-		case len(batch) >= c.max || keys[req.key] || keys[req.index]:
+		case len(batch) >= c.max || keys[req.key]:
 			rest = append(rest, req)
 			continue
 		}
-		keys[req.key], keys[req.index] = true, true
+		keys[req.key] = true
 		batch = append(batch, req)
 	}
 	clear(c.queue[len(rest):])
@@ -128,9 +128,9 @@ func (c *committer) next() []*publishReq {
 // commit puts batch in one transaction and tells each caller.
 func (c *committer) commit(batch []*publishReq) {
 	s := c.s
-	ops := make([]clientv3.Op, 0, 2*len(batch))
+	ops := make([]clientv3.Op, 0, len(batch))
 	for _, req := range batch {
-		ops = append(ops, clientv3.OpPut(req.key, req.value), clientv3.OpPut(req.index, req.value))
+		ops = append(ops, clientv3.OpPut(req.key, req.value))
 	}
 	cctx, cancel := s.call(context.Background())
 	resp, err := s.cli.Txn(cctx).Then(ops...).Commit()

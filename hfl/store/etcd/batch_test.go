@@ -52,12 +52,12 @@ func TestEtcdGroupCommit(t *testing.T) {
 			t.Fatalf("publish %d: %v", i, err)
 		}
 		key := fmt.Sprintf("job/many%d", i)
-		got, err := s.Lookup(ctx, key)
+		got, err := s.Lookup(ctx, eslot(key))
 		if err != nil || got.Path != key || got.Generation != recs[i].Generation {
 			t.Fatalf("lookup %s: %+v, %v; want generation %d", key, got, err, recs[i].Generation)
 		}
 	}
-	listed, err := s.ListDir(ctx, "etcdtest", "job/many", 2*n)
+	listed, err := s.ListDir(ctx, "job/etcdtest", "job/many", 2*n)
 	if err != nil || len(listed) != n {
 		t.Fatalf("index: %d entries, %v; want %d", len(listed), err, n)
 	}
@@ -101,7 +101,7 @@ func TestEtcdGroupCommitSameKey(t *testing.T) {
 			last, owner = g, fmt.Sprintf("n%d", i)
 		}
 	}
-	got, err := s.Lookup(ctx, "job/same")
+	got, err := s.Lookup(ctx, eslot("job/same"))
 	if err != nil || got.Generation != last || got.Owner != owner {
 		t.Fatalf("lookup: %+v, %v; want the last publish (%s at %d)", got, err, owner, last)
 	}

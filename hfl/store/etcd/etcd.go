@@ -5,19 +5,22 @@
 // conformance suite requires them to be apart (a registered value is not a
 // record), so each has its own subtree under the prefix:
 //
-//	<prefix>rec/<key>           a store.Record as JSON; its "gen" field is stored as 0
-//	<prefix>dir/<dir>//<name>   the same record, in its directory's index
+//	<prefix>dir/<dir>//<name>   a store.Record as JSON, in its directory's index; its "gen" field is stored as 0
 //	<prefix>val/<key>           a value of Register or PutIfAbsent, raw bytes
 //
-// with the prefix "/dyadfs/" by default, so a job's records are listed by
-// `etcdctl get --prefix /dyadfs/rec/<namespace>/`, and the entries of its
-// directory run1 by `etcdctl get --prefix /dyadfs/dir/<namespace>/run1//`.
-// A clean path never holds "//", so one directory's prefix never matches
-// another's entries. A record and its index entry are written and deleted
-// in one transaction, so they always agree and share one revision.
+// with the prefix "/dyadfs/" by default, so the entries of a job's
+// directory run1 are listed by `etcdctl get --prefix
+// /dyadfs/dir/<namespace>/run1//`, and all of its records by `etcdctl get
+// --prefix /dyadfs/dir/<namespace>/`. A clean path never holds "//", so one
+// directory's prefix never matches another's entries. A record is kept
+// once, under its slot's index entry: a lookup, a wait and a listing all
+// read it there. (Releases before 0.9 also kept a copy under
+// <prefix>rec/<key>, the slot's hashed key, which was never read without
+// the other: half the database and of etcd's work per publish. Forget
+// still deletes that subtree.)
 //
 // Generations are etcd revisions: a record's generation is the ModRevision of
-// its key, which Publish learns from the header of its one Put. Revisions are
+// its key, which Publish learns from the header of its transaction. Revisions are
 // global, grow with every write and are never reused, not even after a key is
 // deleted and written again, and they survive server restarts.
 //
@@ -67,7 +70,7 @@ const DefaultPrefix = "/dyadfs/"
 
 // Subtrees under the prefix.
 const (
-	etcdRecordDir = "rec/"
+	etcdRecordDir = "rec/" // of earlier releases: Forget deletes it
 	etcdIndexDir  = "dir/"
 	etcdValueDir  = "val/"
 )
@@ -294,8 +297,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	return s, nil
 }
 
-func (s *Store) recordKey(key string) string { return s.cfg.Prefix + etcdRecordDir + key }
-func (s *Store) valueKey(key string) string  { return s.cfg.Prefix + etcdValueDir + key }
+func (s *Store) valueKey(key string) string { return s.cfg.Prefix + etcdValueDir + key }
 
 // indexPrefix is where the entries of directory dir are kept.
 func (s *Store) indexPrefix(dir string) string { return s.cfg.Prefix + etcdIndexDir + dir + "//" }
@@ -360,8 +362,8 @@ func (s *Store) checkOpen() error {
 	return nil
 }
 
-// Publish implements store.Store: the record and its index entry are put
-// in one transaction, with the publishes that arrived while the previous
+// Publish implements store.Store: the record is put in its index entry, in
+// one transaction with the publishes that arrived while the previous
 // one was in flight (see batch.go); its revision is the generation.
 func (s *Store) Publish(ctx context.Context, slot store.Slot, rec store.Record) (store.Record, error) {
 	if err := s.checkOpen(); err != nil {
@@ -372,7 +374,7 @@ func (s *Store) Publish(ctx context.Context, slot store.Slot, rec store.Record) 
 	if err != nil {
 		return store.Record{}, fmt.Errorf("etcd: publish %q: %w", slot.Key, err)
 	}
-	req := &publishReq{key: s.recordKey(slot.Key), index: s.indexKey(slot), value: string(v), slotKey: slot.Key, done: make(chan struct{})}
+	req := &publishReq{key: s.indexKey(slot), value: string(v), slotKey: slot.Key, done: make(chan struct{})}
 	s.commits.submit(req)
 	rev, err := s.commits.wait(ctx, req)
 	if err != nil {
@@ -426,15 +428,16 @@ func decodeRecord(key string, v []byte, modRev int64) (store.Record, error) {
 }
 
 // Lookup implements store.Store.
-func (s *Store) Lookup(ctx context.Context, key string) (store.Record, error) {
+func (s *Store) Lookup(ctx context.Context, slot store.Slot) (store.Record, error) {
 	if err := s.checkOpen(); err != nil {
 		return store.Record{}, err
 	}
+	key := slot.Key
 	cctx, cancel := s.call(ctx)
 	defer cancel()
 	// A serializable read skips a consensus round. Stale, it can only miss
 	// a record, and a miss leads to a Wait, which is exact.
-	resp, err := s.cli.Get(cctx, s.recordKey(key), clientv3.WithSerializable())
+	resp, err := s.cli.Get(cctx, s.indexKey(slot), clientv3.WithSerializable())
 	if err != nil {
 		return store.Record{}, s.fail(ctx, cctx, "lookup", key, err)
 	}
@@ -456,11 +459,11 @@ func (s *Store) Lookup(ctx context.Context, key string) (store.Record, error) {
 // 100 ms. The read after etcd has confirmed the watch sees the key as of
 // the revision the watch starts after, or later, so together they miss
 // nothing.
-func (s *Store) Wait(ctx context.Context, key string, after uint64) (store.Record, error) {
+func (s *Store) Wait(ctx context.Context, slot store.Slot, after uint64) (store.Record, error) {
 	if err := s.checkOpen(); err != nil {
 		return store.Record{}, err
 	}
-	ekey := s.recordKey(key)
+	key, ekey := slot.Key, s.indexKey(slot)
 	retry := newEtcdBackoff()
 	for {
 		rec, found, err := s.watch(ctx, key, ekey, after)
@@ -684,7 +687,7 @@ func (s *Store) Health(ctx context.Context, namespace string) (store.Health, err
 	for _, a := range alarms.Alarms {
 		h.Alarms = append(h.Alarms, a.Alarm.String())
 	}
-	count, err := s.cli.Get(cctx, s.recordKey(namespace+"/"), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	count, err := s.cli.Get(cctx, s.cfg.Prefix+etcdIndexDir+namespace+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		return store.Health{}, s.fail(ctx, cctx, "count", namespace, err)
 	}
@@ -735,14 +738,14 @@ func (s *Store) Forget(ctx context.Context, namespace string, page int, progress
 	return deleted, nil
 }
 
-// Remove implements store.Store: it reads the record and deletes it and its
-// index entry only if the record is still the same revision, judging cond
-// again if another write came in between.
+// Remove implements store.Store: it reads the record and deletes it only if
+// it is still the same revision, judging cond again if another write came
+// in between.
 func (s *Store) Remove(ctx context.Context, slot store.Slot, cond store.RemoveCond) (uint64, error) {
 	if err := s.checkOpen(); err != nil {
 		return 0, err
 	}
-	ekey := s.recordKey(slot.Key)
+	ekey := s.indexKey(slot)
 	cctx, cancel := s.call(ctx)
 	defer cancel()
 	resp, err := s.cli.Get(cctx, ekey)
@@ -764,7 +767,7 @@ func (s *Store) Remove(ctx context.Context, slot store.Slot, cond store.RemoveCo
 		}
 		tr, err := s.cli.Txn(cctx).
 			If(clientv3.Compare(clientv3.ModRevision(ekey), "=", kv.ModRevision)).
-			Then(clientv3.OpDelete(ekey), clientv3.OpDelete(s.indexKey(slot))).
+			Then(clientv3.OpDelete(ekey)).
 			Else(clientv3.OpGet(ekey)).
 			Commit()
 		if err != nil {

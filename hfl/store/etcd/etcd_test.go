@@ -64,8 +64,11 @@ func testCtx(t *testing.T) context.Context {
 }
 
 // eslot places a record of these tests under key, in a directory index of
-// their own.
-func eslot(key string) store.Slot { return store.Slot{Key: key, Dir: "etcdtest", Name: key} }
+// their own in the key's namespace (its first element).
+func eslot(key string) store.Slot {
+	ns, _, _ := strings.Cut(key, "/")
+	return store.Slot{Key: key, Dir: ns + "/etcdtest", Name: key}
+}
 
 func record(path, owner string) store.Record {
 	return store.Record{Path: path, Owner: owner, Size: 42, Mode: 0o100644, MtimeNs: 1}
@@ -92,8 +95,9 @@ func TestEtcdOpenStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The generation is the key's revision in etcd, under the default prefix.
-	resp, err := rawClient(t, srv.Endpoints()).Get(ctx, etcd.DefaultPrefix+"rec/job/k")
+	// The generation is the key's revision in etcd, under the default
+	// prefix, in the index of its slot's directory.
+	resp, err := rawClient(t, srv.Endpoints()).Get(ctx, etcd.DefaultPrefix+"dir/job/etcdtest//job/k")
 	if err != nil || len(resp.Kvs) != 1 || uint64(resp.Kvs[0].ModRevision) != out.Generation {
 		t.Fatalf("raw read of the record = %v, %v; want mod revision %d", resp, err, out.Generation)
 	}
@@ -157,10 +161,10 @@ type waitResult struct {
 	err error
 }
 
-func waitAsync(ctx context.Context, s store.Store, key string, after uint64) <-chan waitResult {
+func waitAsync(ctx context.Context, s store.Store, slot store.Slot, after uint64) <-chan waitResult {
 	c := make(chan waitResult, 1)
 	go func() {
-		r, err := s.Wait(ctx, key, after)
+		r, err := s.Wait(ctx, slot, after)
 		c <- waitResult{r, err}
 	}()
 	return c
@@ -187,7 +191,7 @@ func TestEtcdWaitSurvivesRestart(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			done := waitAsync(ctx, s, "job/k", first.Generation)
+			done := waitAsync(ctx, s, eslot("job/k"), first.Generation)
 			srv.WaitWatchers(t, 1)
 
 			if mode == "stop" {
@@ -250,7 +254,7 @@ func TestEtcdCallsFailWhileDown(t *testing.T) {
 
 	calls := map[string]func(context.Context) error{
 		"Publish": func(ctx context.Context) error { _, err := s.Publish(ctx, eslot("k"), record("p", "n1")); return err },
-		"Lookup":  func(ctx context.Context) error { _, err := s.Lookup(ctx, "k"); return err },
+		"Lookup":  func(ctx context.Context) error { _, err := s.Lookup(ctx, eslot("k")); return err },
 		"Remove": func(ctx context.Context) error {
 			_, err := s.Remove(ctx, eslot("k"), store.RemoveCond{Owner: "n1"})
 			return err
@@ -294,7 +298,7 @@ func TestEtcdCallsFailWhileDown(t *testing.T) {
 		wctx, cancel := context.WithTimeout(ctx, 3*timeout+500*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		_, err := s.Wait(wctx, "k", 0)
+		_, err := s.Wait(wctx, eslot("k"), 0)
 		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, store.ErrUnavailable) || time.Since(start) < 3*timeout {
 			t.Fatalf("Wait while etcd is down: %v after %v; want its own deadline", err, time.Since(start))
 		}
@@ -302,7 +306,7 @@ func TestEtcdCallsFailWhileDown(t *testing.T) {
 
 	t.Run("CloseEndsWait", func(t *testing.T) {
 		s2 := openEtcdDown(t, srv)
-		done := waitAsync(ctx, s2, "k", 0)
+		done := waitAsync(ctx, s2, eslot("k"), 0)
 		time.Sleep(100 * time.Millisecond) // lets time pass: the wait is under way, on a store that is down
 		start := time.Now()
 		s2.Close()
@@ -570,7 +574,7 @@ func TestEtcdWaitAfterCompaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := waitAsync(ctx, s, "k", first.Generation)
+	done := waitAsync(ctx, s, eslot("k"), first.Generation)
 	srv.WaitWatchers(t, 1)
 	proxy.Cut()
 
@@ -634,7 +638,7 @@ func TestEtcdRemoveRacesPublish(t *testing.T) {
 			}
 		}()
 		wg.Wait()
-		if got, err := a.Lookup(ctx, key); err != nil || got.Owner != "nB" {
+		if got, err := a.Lookup(ctx, eslot(key)); err != nil || got.Owner != "nB" {
 			t.Fatalf("round %d: Lookup = %+v, %v; want nB's record", i, got, err)
 		}
 	}
@@ -675,7 +679,7 @@ func TestEtcdNamespacesApart(t *testing.T) {
 		t.Fatalf("jobB's wait ended on jobA's record: %v", err)
 	}
 
-	done := waitAsync(ctx, storeA, a.Key(path), recA.Generation)
+	done := waitAsync(ctx, storeA, a.Slot(path), recA.Generation)
 	srv.WaitWatchers(t, 1)
 	recB, err := b.Publish(ctx, record(path, "nodeB"))
 	if err != nil {
@@ -741,7 +745,7 @@ func TestEtcdAbandonedWaitsLeaveNoWatchers(t *testing.T) {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 			defer cancel()
-			if _, err := s.Wait(ctx, fmt.Sprintf("never/%d", i%10), 0); !errors.Is(err, context.DeadlineExceeded) {
+			if _, err := s.Wait(ctx, eslot(fmt.Sprintf("never/%d", i%10)), 0); !errors.Is(err, context.DeadlineExceeded) {
 				t.Errorf("Wait: %v, want DeadlineExceeded", err)
 			}
 		}()

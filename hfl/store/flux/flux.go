@@ -299,7 +299,8 @@ func decode(key string, v []byte) (store.Record, error) {
 }
 
 // Lookup implements store.Store: one lookup in the local broker's KVS.
-func (s *Store) Lookup(ctx context.Context, key string) (store.Record, error) {
+func (s *Store) Lookup(ctx context.Context, slot store.Slot) (store.Record, error) {
+	key := slot.Key
 	if s.ctx.Err() != nil {
 		return store.Record{}, store.ErrClosed
 	}
@@ -323,7 +324,8 @@ func (s *Store) Lookup(ctx context.Context, key string) (store.Record, error) {
 // Wait implements store.Store: a watch of the key in the local broker's
 // KVS, which reports each new value; a removal ends the watch, which
 // starts again.
-func (s *Store) Wait(ctx context.Context, key string, after uint64) (store.Record, error) {
+func (s *Store) Wait(ctx context.Context, slot store.Slot, after uint64) (store.Record, error) {
+	key := slot.Key
 	ns, rest := s.split(key)
 	for {
 		if err := ctx.Err(); err != nil {

@@ -127,13 +127,13 @@ func TestFluxPublishWhileBrokerLoadsNamespace(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		waited := make(chan error, 1)
 		go func() {
-			_, err := s.Wait(ctx, slot.Key, 0)
+			_, err := s.Wait(ctx, slot, 0)
 			waited <- err
 		}()
 		out, err := s.Publish(ctx, slot, store.Record{Path: "f", Owner: "b", Size: 1, Mode: 0o100644})
 		if err == nil {
 			var got store.Record
-			if got, err = s.Lookup(ctx, slot.Key); err == nil && got.Generation != out.Generation {
+			if got, err = s.Lookup(ctx, slot); err == nil && got.Generation != out.Generation {
 				err = fmt.Errorf("lookup after publish: generation %d, want %d", got.Generation, out.Generation)
 			}
 		}

@@ -78,13 +78,16 @@ func slotOf(key string, r store.Record) store.Slot {
 	return store.Slot{Key: key, Dir: "kvtest/" + path.Dir(r.Path), Name: path.Base(r.Path)}
 }
 
+// at is the slot of key for a record at path p.
+func at(key, p string) store.Slot { return slotOf(key, store.Record{Path: p}) }
+
 // publish publishes r under key in its slot.
 func publish(ctx context.Context, s store.Store, key string, r store.Record) (store.Record, error) {
 	return s.Publish(ctx, slotOf(key, r), r)
 }
 
 func lookupMissing(t *testing.T, s store.Store) {
-	_, err := s.Lookup(ctxFor(t), "kvtest/missing")
+	_, err := s.Lookup(ctxFor(t), at("kvtest/missing", "missing"))
 	if !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Lookup of a missing key: got %v, want ErrNotFound", err)
 	}
@@ -100,7 +103,7 @@ func publishLookup(t *testing.T, s store.Store) {
 	if out.Generation == 0 {
 		t.Fatalf("Publish returned generation 0")
 	}
-	got, err := s.Lookup(ctx, "kvtest/a")
+	got, err := s.Lookup(ctx, slotOf("kvtest/a", in))
 	if err != nil {
 		t.Fatalf("Lookup: %v", err)
 	}
@@ -123,7 +126,7 @@ func generationsGrow(t *testing.T, s store.Store) {
 		}
 		last = out.Generation
 	}
-	got, err := s.Lookup(ctx, "kvtest/g")
+	got, err := s.Lookup(ctx, at("kvtest/g", "g"))
 	if err != nil || got.Size != 4 || got.Generation != last {
 		t.Fatalf("Lookup after 5 publishes = %+v, %v; want size 4 generation %d", got, err, last)
 	}
@@ -135,7 +138,7 @@ func waitExisting(t *testing.T, s store.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.Wait(ctx, "kvtest/w", 0)
+	got, err := s.Wait(ctx, at("kvtest/w", "w"), 0)
 	if err != nil || got.Generation != out.Generation {
 		t.Fatalf("Wait on an existing key = %+v, %v; want generation %d", got, err, out.Generation)
 	}
@@ -149,7 +152,7 @@ func waitForPublish(t *testing.T, s store.Store) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		r, err := s.Wait(ctx, "kvtest/later", 0)
+		r, err := s.Wait(ctx, at("kvtest/later", "later"), 0)
 		done <- result{r, err}
 	}()
 	out, err := publish(ctx, s, "kvtest/later", rec("later", "nodeB", 7))
@@ -171,7 +174,7 @@ func waitNewer(t *testing.T, s store.Store) {
 	done := make(chan store.Record, 1)
 	errc := make(chan error, 1)
 	go func() {
-		r, err := s.Wait(ctx, "kvtest/n", first.Generation)
+		r, err := s.Wait(ctx, at("kvtest/n", "n"), first.Generation)
 		if err != nil {
 			errc <- err
 			return
@@ -196,7 +199,7 @@ func waitCanceled(t *testing.T, s store.Store) {
 	ctx, cancel := context.WithCancel(ctxFor(t))
 	errc := make(chan error, 1)
 	go func() {
-		_, err := s.Wait(ctx, "kvtest/never", 0)
+		_, err := s.Wait(ctx, at("kvtest/never", "never"), 0)
 		errc <- err
 	}()
 	cancel()
@@ -208,7 +211,7 @@ func waitCanceled(t *testing.T, s store.Store) {
 func waitDeadline(t *testing.T, s store.Store) {
 	ctx, cancel := context.WithTimeout(ctxFor(t), 50*time.Millisecond)
 	defer cancel()
-	_, err := s.Wait(ctx, "kvtest/never", 0)
+	_, err := s.Wait(ctx, at("kvtest/never", "never"), 0)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Wait past its deadline: got %v, want context.DeadlineExceeded", err)
 	}
@@ -224,7 +227,7 @@ func removeByOwner(t *testing.T, s store.Store) {
 	if _, err := s.Remove(ctx, slotOf("kvtest/r", r), store.RemoveCond{Owner: "nodeB"}); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("Remove by another owner: got %v, want ErrConflict", err)
 	}
-	if _, err := s.Lookup(ctx, "kvtest/r"); err != nil {
+	if _, err := s.Lookup(ctx, slotOf("kvtest/r", r)); err != nil {
 		t.Fatalf("record gone after Remove by another owner: %v", err)
 	}
 	if _, err := s.Remove(ctx, slotOf("kvtest/r", r), store.RemoveCond{MaxGeneration: pub.Generation - 1}); !errors.Is(err, store.ErrConflict) {
@@ -237,7 +240,7 @@ func removeByOwner(t *testing.T, s store.Store) {
 	if at <= pub.Generation {
 		t.Fatalf("Remove at generation %d, not above the record's %d", at, pub.Generation)
 	}
-	if _, err := s.Lookup(ctx, "kvtest/r"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.Lookup(ctx, slotOf("kvtest/r", r)); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Lookup after Remove: got %v, want ErrNotFound", err)
 	}
 	r2 := rec("r2", "nodeA", 1)
@@ -247,7 +250,7 @@ func removeByOwner(t *testing.T, s store.Store) {
 	if _, err := s.Remove(ctx, slotOf("kvtest/r2", r2), store.RemoveCond{}); err != nil {
 		t.Fatalf("Remove with any owner: %v", err)
 	}
-	if _, err := s.Lookup(ctx, "kvtest/r2"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.Lookup(ctx, slotOf("kvtest/r2", r2)); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Lookup after unconditional Remove: got %v, want ErrNotFound", err)
 	}
 }
@@ -275,7 +278,7 @@ func generationNotReused(t *testing.T, s store.Store) {
 		t.Fatalf("generation after remove and republish %d, not above %d", second.Generation, first.Generation)
 	}
 	// A waiter that saw the first generation must see the second.
-	got, err := s.Wait(ctx, "kvtest/re", first.Generation)
+	got, err := s.Wait(ctx, at("kvtest/re", "re"), first.Generation)
 	if err != nil || got.Generation != second.Generation {
 		t.Fatalf("Wait(after first) = %+v, %v; want generation %d", got, err, second.Generation)
 	}
@@ -290,7 +293,7 @@ func oddKeys(t *testing.T, s store.Store) {
 		}
 	}
 	for i, k := range keys {
-		got, err := s.Lookup(ctx, k)
+		got, err := s.Lookup(ctx, at(k, fmt.Sprint(i)))
 		if err != nil || got.Size != int64(i) {
 			t.Fatalf("Lookup %q = %+v, %v; want size %d", k, got, err, i)
 		}
@@ -308,7 +311,7 @@ func manyWaiters(t *testing.T, s store.Store) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				r, err := s.Wait(ctx, key, 0)
+				r, err := s.Wait(ctx, at(key, key), 0)
 				if err == nil && r.Path != key {
 					err = fmt.Errorf("waiter on %s got record for %s", key, r.Path)
 				}
@@ -349,7 +352,7 @@ func registerGet(t *testing.T, s store.Store) {
 		}
 	}
 	// A registered value is not a record.
-	if _, err := s.Lookup(ctx, "kvtest/nodes/a"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.Lookup(ctx, at("kvtest/nodes/a", "nodes/a")); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Lookup of a registered value: %v, want ErrNotFound", err)
 	}
 }
@@ -445,7 +448,7 @@ func closeEndsWaits(t *testing.T, s store.Store) {
 	started := make(chan struct{})
 	go func() {
 		close(started)
-		_, err := s.Wait(ctx, "kvtest/closed", 0)
+		_, err := s.Wait(ctx, at("kvtest/closed", "closed"), 0)
 		errc <- err
 	}()
 	<-started
@@ -530,7 +533,7 @@ func listDir(t *testing.T, s store.Store) {
 	if got[2].Size != 6 || got[2].Generation <= c.Generation {
 		t.Fatalf("ListDir(d)[c] = %+v, want the second publish (size 6, generation above %d)", got[2], c.Generation)
 	}
-	lookup, err := s.Lookup(ctx, dirSlot("d", "c").Key)
+	lookup, err := s.Lookup(ctx, dirSlot("d", "c"))
 	if err != nil || lookup != got[2] {
 		t.Fatalf("Lookup of c = %+v, %v; ListDir has %+v: they must agree", lookup, err, got[2])
 	}
@@ -606,7 +609,7 @@ func recordFields(t *testing.T, s store.Store) {
 			t.Fatal(err)
 		}
 		r.Generation = out.Generation
-		got, err := s.Lookup(ctx, dirSlot("f", path.Base(r.Path)).Key)
+		got, err := s.Lookup(ctx, dirSlot("f", path.Base(r.Path)))
 		if err != nil || got != r {
 			t.Fatalf("Lookup = %+v, %v; want %+v", got, err, r)
 		}
@@ -659,14 +662,15 @@ func forgetNamespace(t *testing.T, s store.Store) {
 	fill("kvf2", 3)
 	var pages []int
 	n, err := s.Forget(ctx, "kvf", 10, func(done int) { pages = append(pages, done) })
-	// 25 records, 25 index entries, 1 value.
-	if err != nil || n != 51 {
-		t.Fatalf("Forget: %d keys, %v; want 51", n, err)
+	// 25 records and 1 value, each once or more (a backend may keep a
+	// record under more than one key).
+	if err != nil || n < 26 {
+		t.Fatalf("Forget: %d keys, %v; want at least 26", n, err)
 	}
 	if len(pages) == 0 || pages[len(pages)-1] != n {
 		t.Fatalf("progress %v does not end at %d", pages, n)
 	}
-	if _, err := s.Lookup(ctx, "kvf/k/3"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.Lookup(ctx, store.Slot{Key: "kvf/k/3", Dir: "kvf/d", Name: "3"}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a forgotten record: %v", err)
 	}
 	if recs, err := s.ListDir(ctx, "kvf/d", "", 0); err != nil || len(recs) != 0 {
@@ -676,7 +680,7 @@ func forgetNamespace(t *testing.T, s store.Store) {
 		t.Fatalf("a forgotten value: %v", err)
 	}
 	// The other namespace is whole.
-	if _, err := s.Lookup(ctx, "kvf2/k/2"); err != nil {
+	if _, err := s.Lookup(ctx, store.Slot{Key: "kvf2/k/2", Dir: "kvf2/d", Name: "2"}); err != nil {
 		t.Fatalf("a record of another namespace: %v", err)
 	}
 	if recs, err := s.ListDir(ctx, "kvf2/d", "", 0); err != nil || len(recs) != 3 {
