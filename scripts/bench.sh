@@ -12,6 +12,9 @@
 #   scripts/bench.sh flux            # Flux (when flux-core is installed): raw Flux RPC rates,
 #                                    # dyadfs with the Flux store over each transport, DYAD itself
 #   scripts/bench.sh checksum        # what hashing the content costs (producer and consumer)
+#   scripts/bench.sh cost            # what one file costs on two nodes: CPU of etcd and each daemon,
+#                                    # transactions, database bytes, FUSE requests; 16 writers
+#                                    # against one; a ring of 2 and 4 nodes
 #   scripts/bench.sh compare OLD NEW [ROUNDS]
 #                                    # two dyadfs binaries, alternating (ROUNDS each, 3 by
 #                                    # default): the rows every release has, on two nodes
@@ -70,6 +73,11 @@ if [[ $what == all || $what == cluster ]]; then
 		sed -n '/^ *figure/,/^latency is/p'
 fi
 
+if [[ $what == all || $what == cost ]]; then
+	echo "== what one file costs: two nodes over veth, etcd on tmpfs"
+	TMPDIR=$tmp go test -run '^$' -bench '^BenchmarkClusterCost$' -benchtime 1x -timeout 30m ./test/ |
+		grep -v '^\(goos\|goarch\|pkg\|cpu\|PASS\|ok\|Benchmark\)'
+fi
 if [[ $what == all || $what == ucx ]]; then
 	echo
 	if [[ ,$DYADFS_TAGS, != *,ucx,* ]]; then

@@ -51,6 +51,8 @@ type cluster struct {
 	etcdArgs []string
 	// wire is the data transport the nodes use.
 	wire wire
+	// logLevel is the daemons' (debug unless set).
+	logLevel string
 }
 
 const (
@@ -111,6 +113,9 @@ type clusterOptions struct {
 	etcdArgs []string
 	// wire is the data transport the nodes use (TCP by default).
 	wire wire
+	// logLevel is the daemons' log level (debug by default; benchmarks
+	// of CPU use info, as users run them).
+	logLevel string
 }
 
 func newClusterWith(t testing.TB, o clusterOptions) *cluster {
@@ -120,7 +125,10 @@ func newClusterWith(t testing.TB, o clusterOptions) *cluster {
 	id := make([]byte, 2)
 	rand.Read(id)
 	c := &cluster{t: t, id: "dy" + hex.EncodeToString(id), dir: t.TempDir(), namespace: "job-" + hex.EncodeToString(id),
-		etcdOnDisk: o.etcdOnDisk, backingOnTmpfs: o.backingOnTmpfs, etcdArgs: o.etcdArgs, wire: o.wire}
+		etcdOnDisk: o.etcdOnDisk, backingOnTmpfs: o.backingOnTmpfs, etcdArgs: o.etcdArgs, wire: o.wire, logLevel: o.logLevel}
+	if c.logLevel == "" {
+		c.logLevel = "debug"
+	}
 	c.mnt = filepath.Join(c.dir, "dmd")
 	c.nsDir = filepath.Join(c.dir, "ns")
 	c.sw = c.id + "sw"
@@ -300,7 +308,7 @@ func (n *node) argv(cmd ...string) []string {
 func (n *node) mountArgs() []string {
 	args := []string{"mount", "--store", "etcd://" + etcdAddr, "--namespace", n.c.namespace,
 		"--node", n.name, "--listen", n.ip + ":" + dtlPort, "--backing", n.backing,
-		"--log-file", n.logFile, "--log-level", "debug",
+		"--log-file", n.logFile, "--log-level", n.c.logLevel,
 		"--lease-ttl", "2s", "--fetch-timeout", "30s", "--stall-timeout", "2s"}
 	if n.c.secret != "" {
 		args = append(args, "--secret-file", n.c.secret)

@@ -335,10 +335,12 @@ func HoldsPath(pid uint32, path string) bool {
 	}
 	const gone = " (deleted)"
 	buf := make([]byte, len(path)+len(gone)+1)
+	dirfd := int(f.Fd())
 	for _, n := range names {
 		// A longer target fills buf, which is one byte longer than any
-		// target that matches.
-		k, err := unix.Readlink(dir+"/"+n, buf)
+		// target that matches. Relative to the open directory, each
+		// readlink skips the walk down /proc.
+		k, err := unix.Readlinkat(dirfd, n, buf)
 		if err != nil || k == len(buf) {
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -159,5 +160,30 @@ func TestHoldsPath(t *testing.T) {
 	}
 	if HoldsPath(1<<30, held) {
 		t.Fatal("a process that does not exist holds a file")
+	}
+}
+
+// BenchmarkHoldsPath: the check a writer's close makes on its process.
+func BenchmarkHoldsPath(b *testing.B) {
+	dir := b.TempDir()
+	var files []*os.File
+	for i := range 8 {
+		f, err := os.Create(filepath.Join(dir, strconv.Itoa(i)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	pid := uint32(os.Getpid())
+	missing := filepath.Join(dir, "missing")
+	for b.Loop() {
+		if HoldsPath(pid, missing) {
+			b.Fatal("holds a file it never opened")
+		}
 	}
 }
