@@ -28,14 +28,7 @@ import (
 // the network and disk baselines, then dyadfs end to end, and the locator's
 // levels. It prints a table (scripts/bench.sh runs it with -benchtime 1x).
 func BenchmarkCluster(b *testing.B) {
-	if b.N > 1 {
-		b.Skip("run with -benchtime 1x: each row is a fixed workload")
-	}
-	var rows []benchRow
-	add := func(r benchRow) {
-		rows = append(rows, r)
-		fmt.Fprintf(os.Stderr, "  %-52s %12.1f %s\n", r.name, r.value, r.unit)
-	}
+	rows, add := fixedWorkload(b, 52)
 
 	c := newCluster(b, 2)
 	a, n := c.nodes[0], c.nodes[1]
@@ -50,7 +43,7 @@ func BenchmarkCluster(b *testing.B) {
 		add(benchRow{name: "dyadfs: 4 KiB latency p99 (etcd on tmpfs)", unit: "us", value: lock.percentile(0.99)})
 		large := e2e(b, a, n, "large", 20, 64<<20, false)
 		add(benchRow{name: "dyadfs: 20 x 64 MiB pipelined", unit: "MB/s", value: large.mbPerSec()})
-		printRows(rows)
+		printRows(*rows)
 		return
 	}
 
@@ -103,7 +96,21 @@ func BenchmarkCluster(b *testing.B) {
 	add(benchRow{name: "dyadfs: 4 KiB latency p50 (etcd on disk)", unit: "us", value: diskLock.percentile(0.5)})
 	add(benchRow{name: "dyadfs: 4 KiB latency p99 (etcd on disk)", unit: "us", value: diskLock.percentile(0.99)})
 
-	printRows(rows)
+	printRows(*rows)
+}
+
+// fixedWorkload starts a benchmark whose rows are fixed workloads, run
+// once (-benchtime 1x): it returns the rows and the function that adds
+// one, printing it as it comes (names padded to width).
+func fixedWorkload(b *testing.B, width int) (*[]benchRow, func(benchRow)) {
+	if b.N > 1 {
+		b.Skip("run with -benchtime 1x: each row is a fixed workload")
+	}
+	rows := new([]benchRow)
+	return rows, func(r benchRow) {
+		*rows = append(*rows, r)
+		fmt.Fprintf(os.Stderr, "  %-*s %12.1f %s\n", width, r.name, r.value, r.unit)
+	}
 }
 
 // benchRowsEnv, set to "compare", limits BenchmarkCluster to the rows that

@@ -26,14 +26,7 @@ import (
 // 2 and 4. scripts/bench.sh cost runs it; README "What one file costs"
 // quotes it.
 func BenchmarkClusterCost(b *testing.B) {
-	if b.N > 1 {
-		b.Skip("run with -benchtime 1x: each row is a fixed workload")
-	}
-	var rows []benchRow
-	add := func(r benchRow) {
-		rows = append(rows, r)
-		fmt.Fprintf(os.Stderr, "  %-64s %12.1f %s\n", r.name, r.value, r.unit)
-	}
+	rows, add := fixedWorkload(b, 64)
 	const files = 2000
 	for _, mode := range []struct{ name, wait string }{{"closes that wait", ""}, {"--publish-wait 0", "0"}} {
 		var flags []string
@@ -82,7 +75,7 @@ func BenchmarkClusterCost(b *testing.B) {
 		add(benchRow{name: fmt.Sprintf("ring of %d nodes: aggregate, 1,000 × 4 KiB each", nodes), unit: "files/s", value: files})
 		add(benchRow{name: fmt.Sprintf("ring of %d nodes: etcd CPU per file", nodes), unit: "us", value: 1000 * cpu})
 	}
-	printRows(rows)
+	printRows(*rows)
 }
 
 // cost is what the cluster has spent so far.

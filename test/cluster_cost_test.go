@@ -26,17 +26,7 @@ func TestClusterManyWritersFewDescriptors(t *testing.T) {
 	if st.Descriptors.Limit != limit || st.Descriptors.Open <= 0 || st.Descriptors.Open >= limit {
 		t.Fatalf("status descriptors %+v; want the limit %d and the open count", st.Descriptors, limit)
 	}
-	script := fmt.Sprintf(`
-for w in $(seq 1 %d); do
-  (mkdir -p w$w && i=0 && while [ $i -lt %d ]; do
-     head -c 1024 /dev/urandom > w$w/f$i || { echo "create w$w/f$i failed" >&2; exit 1; }
-     i=$((i+1))
-   done) &
-  pids="$pids $!"
-done
-fail=0
-for p in $pids; do wait $p || fail=1; done
-exit $fail`, writers, files)
+	script := writersScript(writers, files, filepath.Join(c.dir, "ok"))
 	res := within(t, "16 writers", 4*time.Minute, n0.startShFor(4*time.Minute, script))
 	if res.err != nil {
 		t.Fatalf("writers under a descriptor limit of %d: %v\nlog:\n%s", limit, res, tail(n0.readLog(), 30))
