@@ -323,29 +323,37 @@ func status(tid uint32) (tgid uint32, groups []uint32, err error) {
 // the name: unlinked, or forgotten when dyadfs told it the entry changed).
 // A process that is exiting, or that the daemon cannot see, holds nothing.
 func HoldsPath(pid uint32, path string) bool {
-	dir := fmt.Sprintf("/proc/%d/fd", pid)
-	f, err := os.Open(dir)
+	// Raw system calls: an os.File would also ask the poller to take the
+	// directory (refused) and read its flags, at every writer's close.
+	dirfd, err := unix.Open("/proc/"+strconv.FormatUint(uint64(pid), 10)+"/fd", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return false
 	}
-	defer f.Close()
-	names, err := f.Readdirnames(-1)
-	if err != nil {
-		return false
-	}
+	defer unix.Close(dirfd)
 	const gone = " (deleted)"
-	buf := make([]byte, len(path)+len(gone)+1)
-	dirfd := int(f.Fd())
-	for _, n := range names {
-		// A longer target fills buf, which is one byte longer than any
-		// target that matches. Relative to the open directory, each
-		// readlink skips the walk down /proc.
-		k, err := unix.Readlinkat(dirfd, n, buf)
-		if err != nil || k == len(buf) {
-			continue
+	link := make([]byte, len(path)+len(gone)+1)
+	var ents [4096]byte
+	var names []string
+	for {
+		n, err := unix.Getdents(dirfd, ents[:])
+		if err != nil {
+			return false
 		}
-		if t := string(buf[:k]); t == path || t == path+gone {
-			return true
+		if n <= 0 {
+			break
+		}
+		_, _, names = unix.ParseDirent(ents[:n], -1, names[:0])
+		for _, name := range names {
+			// A longer target fills link, which is one byte longer
+			// than any target that matches. Relative to the open
+			// directory, each readlink skips the walk down /proc.
+			k, err := unix.Readlinkat(dirfd, name, link)
+			if err != nil || k == len(link) {
+				continue
+			}
+			if t := string(link[:k]); t == path || t == path+gone {
+				return true
+			}
 		}
 	}
 	return false
