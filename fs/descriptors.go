@@ -22,6 +22,7 @@ import (
 // descriptors. The cap leaves room below the limit for everything else the
 // daemon opens (sockets, fetches, directories).
 type fdGuard struct {
+	log   *slog.Logger
 	limit int64 // RLIMIT_NOFILE, raised to the hard limit
 	kept  int64 // /proc files kept open at most
 
@@ -81,8 +82,8 @@ func newFdGuard(log *slog.Logger) *fdGuard {
 	limit := raiseFileLimit(log)
 	kept := min(limit/8, caller.DefaultKeptFiles)
 	caller.SetKeptFiles(int(kept))
-	g := &fdGuard{limit: limit, kept: kept}
-	g.refresh(time.Now())
+	g := &fdGuard{log: log, limit: limit, kept: kept}
+	g.refresh()
 	log.Debug("descriptors", "limit", limit, "proc files kept", kept, "handles at most", g.cap.Load())
 	return g
 }
@@ -92,8 +93,8 @@ func newFdGuard(log *slog.Logger) *fdGuard {
 // may keep, open or not yet), keeping a reserve for descriptors that come
 // and go (a lookup's directory, a fetch, a new peer): 16 and an eighth of
 // the limit. At least 4.
-func (g *fdGuard) refresh(now time.Time) {
-	g.refreshed.Store(now.UnixNano())
+func (g *fdGuard) refresh() {
+	g.refreshed.Store(time.Now().UnixNano())
 	open := int64(openDescriptors())
 	if open < 0 {
 		return
@@ -103,23 +104,30 @@ func (g *fdGuard) refresh(now time.Time) {
 	g.cap.Store(max(g.limit-others-16-g.limit/8, 4))
 }
 
-// admit counts the daemon's descriptors again at most every refreshEvery,
+// The daemon's descriptors are counted again at most every refreshEvery,
 // or every refreshNear once the handles are past half their cap.
 const (
 	refreshEvery = time.Second
 	refreshNear  = 50 * time.Millisecond
 )
 
+// refreshAfter refreshes the cap if it was set longer than every ago; of
+// opens that find it so at once, one counts.
+func (g *fdGuard) refreshAfter(every time.Duration) {
+	then := g.refreshed.Load()
+	if time.Now().UnixNano()-then > int64(every) && g.refreshed.CompareAndSwap(then, time.Now().UnixNano()) {
+		g.refresh()
+	}
+}
+
 // admit waits, if the handles are at the cap, until one is released. It
 // fails with EINTR when the open is interrupted, and with EMFILE when no
 // handle is released for stuckAfter.
-func (g *fdGuard) admit(ctx context.Context, log *slog.Logger) syscall.Errno {
-	every := refreshEvery
+func (g *fdGuard) admit(ctx context.Context) syscall.Errno {
 	if g.handles.Load() >= g.cap.Load()/2 {
-		every = refreshNear
-	}
-	if now := time.Now(); now.UnixNano()-g.refreshed.Load() > int64(every) {
-		g.refresh(now)
+		g.refreshAfter(refreshNear)
+	} else {
+		g.refreshAfter(refreshEvery)
 	}
 	if g.handles.Load() < g.cap.Load() {
 		return 0
@@ -130,9 +138,7 @@ func (g *fdGuard) admit(ctx context.Context, log *slog.Logger) syscall.Errno {
 	timer := time.NewTimer(stuckAfter)
 	defer timer.Stop()
 	for {
-		if now := time.Now(); now.UnixNano()-g.refreshed.Load() > int64(refreshNear) {
-			g.refresh(now)
-		}
+		g.refreshAfter(refreshNear)
 		g.mu.Lock()
 		if g.handles.Load() < g.cap.Load() {
 			g.mu.Unlock()
@@ -149,7 +155,7 @@ func (g *fdGuard) admit(ctx context.Context, log *slog.Logger) syscall.Errno {
 		case <-ctx.Done():
 			return syscall.EINTR
 		case <-timer.C:
-			log.Warn("open refused: the daemon's file handles are all held open; raise its descriptor limit (ulimit -n, LimitNOFILE)",
+			g.log.Warn("open refused: the daemon's file handles are all held open; raise its descriptor limit (ulimit -n, LimitNOFILE)",
 				"handles", g.handles.Load(), "limit", g.limit)
 			return syscall.EMFILE
 		}

@@ -21,7 +21,7 @@ func TestFdGuardHoldsBackOpens(t *testing.T) {
 	}
 	g.refreshed.Store(time.Now().Add(time.Hour).UnixNano()) // keep the cap as it is
 	admitted := make(chan syscall.Errno, 1)
-	go func() { admitted <- g.admit(context.Background(), log) }()
+	go func() { admitted <- g.admit(context.Background()) }()
 	select {
 	case errno := <-admitted:
 		t.Fatalf("open at the cap admitted at once (%v)", errno)
@@ -41,7 +41,7 @@ func TestFdGuardHoldsBackOpens(t *testing.T) {
 	}
 	g.opened()
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() { admitted <- g.admit(ctx, log) }()
+	go func() { admitted <- g.admit(ctx) }()
 	cancel()
 	select {
 	case errno := <-admitted:

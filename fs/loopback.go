@@ -138,10 +138,10 @@ func (n *node) createHere(ctx context.Context, name string, flags, mode uint32, 
 	// Exclusive first: only a file this call made is given to the
 	// caller. One that another process made meanwhile is opened as it is
 	// (unless the caller asked for O_EXCL itself: EEXIST).
-	fd, err := n.fsys.back().OpenFile(rel, readableToo(open)|os.O_CREATE|os.O_EXCL, mode&07777)
+	fd, err := n.fsys.back().OpenFile(rel, open|os.O_CREATE|os.O_EXCL, mode&07777)
 	made := err == nil
 	if errorsIsExist(err) && flags&syscall.O_EXCL == 0 {
-		fd, err = n.openBacking(rel, open&^os.O_CREATE)
+		fd, err = n.fsys.back().OpenFile(rel, open&^os.O_CREATE, 0)
 	}
 	if err != nil {
 		return nil, nil, gofs.ToErrno(err)
@@ -163,36 +163,12 @@ func errorsIsExist(err error) bool { return err == unix.EEXIST }
 
 // openHere is OPEN of the node's backing file.
 func (n *node) openHere(flags uint32) (*gofs.LoopbackFile, syscall.Errno) {
-	fd, err := n.openBacking(n.rel(), int(flags&^(syscall.O_APPEND|fuse.FMODE_EXEC)))
+	fd, err := n.fsys.back().OpenFile(n.rel(), int(flags&^(syscall.O_APPEND|fuse.FMODE_EXEC)), 0)
 	if err != nil {
 		return nil, gofs.ToErrno(err)
 	}
 
 	return gofs.NewLoopbackFile(fd).(*gofs.LoopbackFile), 0
-}
-
-// openBacking opens the backing file at rel; one opened write-only is
-// opened for reading too (see readableToo), unless the daemon may not.
-func (n *node) openBacking(rel string, flags int) (int, error) {
-	if rw := readableToo(flags); rw != flags {
-		fd, err := n.fsys.back().OpenFile(rel, rw, 0)
-		if err != unix.EACCES && err != unix.EPERM {
-			return fd, err
-		}
-	}
-	return n.fsys.back().OpenFile(rel, flags, 0)
-}
-
-// readableToo turns a write-only open into a read-write one: the release
-// of a written file reads it (its checksum, a small file's bytes for its
-// notices) through the handle's own descriptor instead of opening it
-// again. The kernel still refuses reads through the caller's write-only
-// descriptor.
-func readableToo(flags int) int {
-	if flags&syscall.O_ACCMODE == syscall.O_WRONLY {
-		return flags&^syscall.O_ACCMODE | syscall.O_RDWR
-	}
-	return flags
 }
 
 // opendirHere lists the node's backing directory.

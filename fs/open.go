@@ -38,7 +38,7 @@ func callerTid(ctx context.Context) uint32 {
 // elsewhere since the kernel looked it up) is opened as the current one.
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	fsys, d := n.fsys, n.fsys.dmd
-	if errno := fsys.fds.admit(ctx, fsys.log); errno != 0 {
+	if errno := fsys.fds.admit(ctx); errno != 0 {
 		return nil, 0, errno
 	}
 	tid := callerTid(ctx)
@@ -141,7 +141,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	if n.reserved(name) {
 		return nil, nil, 0, syscall.EEXIST
 	}
-	if errno := n.fsys.fds.admit(ctx, n.fsys.log); errno != 0 {
+	if errno := n.fsys.fds.admit(ctx); errno != 0 {
 		return nil, nil, 0, errno
 	}
 	rel := n.childRel(name)
@@ -288,8 +288,9 @@ func (h *writeHandle) Flush(ctx context.Context) syscall.Errno {
 // Release implements gofs.FileReleaser. End logs what goes wrong.
 func (h *writeHandle) Release(ctx context.Context) syscall.Errno {
 	h.w.End(context.WithoutCancel(ctx), h.fd, h.rel())
-	defer h.fsys.fds.released()
-	return h.LoopbackFile.Release(ctx)
+	errno := h.LoopbackFile.Release(ctx)
+	h.fsys.fds.released()
+	return errno
 }
 
 // readHandle is a loopback file handle opened for reading. It only counts

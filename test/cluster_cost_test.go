@@ -114,11 +114,9 @@ func sameOnBoth(t *testing.T, c *cluster, a, b *node, list string, want int) {
 		t.Fatalf("%d files closed; want %d", len(names), want)
 	}
 	script := "cd " + c.mnt + "\nfor f in " + strings.Join(names, " ") + "; do cmp $f " + a.backing + "/$f; done"
-	res, ok := waitFor(b.startShFor(40*time.Second, script), 40*time.Second)
-	if !ok || res.err != nil {
-		ps, _ := runOut("sh", "-c", "for c in $(pgrep -x cmp); do p=$(ps -o ppid= -p $c); ps -o pid,stat,wchan:32,args -p $p | cut -c1-100; cat /proc/$p/stack; ls -l /proc/$p/fd; for t in /proc/$p/task/*; do cat $t/stack; done; done")
-		t.Logf("ps: %s", ps)
-		t.Logf("node 2 ops: %+v", b.status().Ops)
+	// Killed after a minute: then the waits and the unpublished files say
+	// which file never came.
+	if res := <-b.startShFor(time.Minute, script); res.err != nil {
 		t.Fatalf("node 2 reads what node 1 wrote: %v\nnode 2 waits: %+v\nnode 1 unpublished: %+v", res, b.status().Waiters, a.status().Unpublished)
 	}
 }
@@ -134,7 +132,8 @@ func TestClusterGroupCommitKilled(t *testing.T) {
 	done := n0.startShFor(3*time.Minute, writersScript(writers, files, ok))
 	eventually(t, "writers under way", func() bool {
 		out, _ := n0.run("sh", "-c", "cat "+ok+".* 2>/dev/null | wc -l")
-		return strings.TrimSpace(out) >= "200" && len(strings.TrimSpace(out)) >= 3
+		closed, _ := strconv.Atoi(strings.TrimSpace(out))
+		return closed >= 200
 	})
 	n0.kill()
 	res := within(t, "writers", time.Minute, done)
@@ -146,15 +145,4 @@ func TestClusterGroupCommitKilled(t *testing.T) {
 	sameOnBoth(t, c, n0, n1, ok, -1)
 	data, _ := os.ReadFile(ok)
 	t.Logf("%d files closed before the kill, all read on node 2", len(strings.Fields(string(data))))
-}
-
-// waitFor returns what ch gives within limit, or false.
-func waitFor[T any](ch <-chan T, limit time.Duration) (T, bool) {
-	select {
-	case v := <-ch:
-		return v, true
-	case <-time.After(limit):
-		var zero T
-		return zero, false
-	}
 }

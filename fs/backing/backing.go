@@ -164,10 +164,26 @@ func (d *Dir) OpenFile(rel string, flags int, mode uint32) (int, error) {
 	}
 	var fd int
 	err := d.at(rel, func(dirfd int, name string) (err error) {
-		fd, err = unix.Openat(dirfd, name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+		fd, err = Openat(dirfd, name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
 		return err
 	})
 	return fd, err
+}
+
+// Openat is openat(2), except that a write-only open is made read-write:
+// the daemon reads what a writer wrote (its checksum, a small file's bytes
+// for its notices) through the writer's own descriptor instead of opening
+// the file again. The kernel still refuses reads through the caller's
+// write-only descriptor. A file the daemon may not read is opened as
+// asked.
+func Openat(dirfd int, name string, flags int, mode uint32) (int, error) {
+	if flags&unix.O_ACCMODE == unix.O_WRONLY {
+		fd, err := unix.Openat(dirfd, name, flags&^unix.O_ACCMODE|unix.O_RDWR, mode)
+		if err != unix.EACCES && err != unix.EPERM {
+			return fd, err
+		}
+	}
+	return unix.Openat(dirfd, name, flags, mode)
 }
 
 // Mkdir makes directory rel with mode.

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dyadfs/dyadfs/fs/backing"
 	"github.com/dyadfs/dyadfs/hfl"
 )
 
@@ -90,7 +91,7 @@ func (d *DMD) OpenForWrite(ctx context.Context, rel string, flags int, tid uint3
 	defer unix.Close(dirfd)
 	d.BeginCreate(rel)
 	defer d.EndCreate(rel)
-	fd, err := unix.Openat(dirfd, base, flags|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+	fd, err := backing.Openat(dirfd, base, flags|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
 	if err != nil {
 		return nil, nil, hfl.Record{}, &os.PathError{Op: "open", Path: rel, Err: err}
 	}

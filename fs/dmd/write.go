@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -187,10 +186,10 @@ func (w *Writer) End(ctx context.Context, fd int, rel string) error {
 // process holds no other descriptor of the file (held tells), nor does the
 // process that opened the handle, and no other handle on this node writes
 // it, this close is its writer's last: the file is finished now, as End
-// would finish it, and Close returns once the store took its publish, or with ErrPublish (the
-// writer's close() fails then; the publish is retried). Any other close
-// publishes nothing: the file is finished at its handle's release, as
-// without CloseWait.
+// would finish it, and Close returns once the store took its publish, or
+// with ErrPublish (the writer's close() fails then; the publish is
+// retried). Any other close publishes nothing: the file is finished at its
+// handle's release, as without CloseWait.
 func (w *Writer) Close(ctx context.Context, fd int, rel string, tid uint32, held func(pid uint32) bool) error {
 	d := w.d
 	if d.cfg.CloseWait <= 0 || d.solo() {
@@ -416,16 +415,10 @@ func (d *DMD) inlineOf(fd int, st *syscall.Stat_t) *hfl.Inline {
 	if st.Size > hfl.InlineMax || d.cfg.SharedStorage || !d.loc.NoticesOn() {
 		return nil
 	}
+	// Backing descriptors are readable (see backing.Openat); one the
+	// daemon may not read (EBADF) leaves the bytes to a transfer.
 	buf := make([]byte, st.Size)
 	n, err := syscall.Pread(fd, buf, 0)
-	if errors.Is(err, syscall.EBADF) {
-		// Written through a write-only descriptor: read through another.
-		var f *os.File
-		if f, err = os.Open(fmt.Sprintf("/proc/self/fd/%d", fd)); err == nil {
-			n, err = f.ReadAt(buf, 0)
-			f.Close()
-		}
-	}
 	var after syscall.Stat_t
 	if (err != nil && !errors.Is(err, io.EOF)) || int64(n) != st.Size || syscall.Fstat(fd, &after) != nil || stampOf(&after) != stampOf(st) {
 		return nil // a transfer will bring what is published

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -71,18 +72,14 @@ func (c *committer) submit(req *publishReq) {
 	}
 }
 
-// abandon drops req if it is still queued; it reports whether it was (a
-// request already in a transaction may land).
-func (c *committer) abandon(req *publishReq) bool {
+// abandon drops req if it is still queued (a request already in a
+// transaction may land).
+func (c *committer) abandon(req *publishReq) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, q := range c.queue {
-		if q == req {
-			req.abandoned = true
-			return true
-		}
+	if slices.Contains(c.queue, req) {
+		req.abandoned = true
 	}
-	return false
 }
 
 // run commits batches until the queue is empty.
@@ -138,11 +135,11 @@ func (c *committer) commit(batch []*publishReq) {
 	if err != nil && len(batch) > 1 && tooMany(err) {
 		// Split it: a server with a lower operation limit, or one
 		// request too large, which then fails alone.
-		c.mu.Lock()
-		if errors.Is(err, rpctypes.ErrTooManyOps) || isGRPC(err, rpctypes.ErrGRPCTooManyOps) {
+		if rpctypes.ErrorDesc(err) == rpctypes.ErrorDesc(rpctypes.ErrGRPCTooManyOps) {
+			c.mu.Lock()
 			c.max = max(1, len(batch)/2)
+			c.mu.Unlock()
 		}
-		c.mu.Unlock()
 		half := len(batch) / 2
 		c.commit(batch[:half])
 		c.commit(batch[half:])
@@ -165,10 +162,6 @@ func (c *committer) commit(batch []*publishReq) {
 // tooMany reports whether etcd refused a transaction for its size.
 func tooMany(err error) bool {
 	return errors.Is(refusal(err), store.ErrTooLarge)
-}
-
-func isGRPC(err, want error) bool {
-	return err != nil && rpctypes.ErrorDesc(err) == rpctypes.ErrorDesc(want)
 }
 
 // wait waits for req's transaction, or for ctx.
