@@ -129,7 +129,7 @@ func (m *sharedMount) publish(t *testing.T, rel string, data []byte, addr string
 	if err := m.src.WriteFile(rel, data); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := m.loc.Publish(ctx, hfl.Record{Path: rel, Owner: "owner", Size: int64(len(data)), Mode: syscall.S_IFREG | 0o644, MtimeNs: 1})
+	rec, err := m.loc.Publish(ctx, hfl.Record{Path: rel, Owner: "owner", Size: int64(len(data)), Mode: syscall.S_IFREG | 0o644, MtimeNs: 1}, hfl.PublishOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,15 +173,21 @@ func remountReadOnly(t *testing.T, dir string) {
 // whole daemon: its FUSE layer, managed directory, locator and fetcher.
 func TestErrnoOfEachFault(t *testing.T) {
 	needFuse(t)
+	// published mounts with "f" published by its owner, which is running
+	// and says st of it.
+	published := func(t *testing.T, st dtltest.State) *sharedMount {
+		m := mountShared(t, "", nil)
+		m.publish(t, "f", []byte("data"), m.ownerAddr)
+		m.src.Set("f", st)
+		return m
+	}
 	for _, tc := range []struct {
 		name string
 		// set up makes "f" fail to open; it returns what to expect.
 		setup func(t *testing.T) (*sharedMount, syscall.Errno)
 	}{
 		{"transfer works", func(t *testing.T) (*sharedMount, syscall.Errno) {
-			m := mountShared(t, "", nil)
-			m.publish(t, "f", []byte("data"), m.ownerAddr)
-			return m, 0
+			return published(t, dtltest.Published), 0
 		}},
 		{"owner not running", func(t *testing.T) (*sharedMount, syscall.Errno) {
 			m := mountShared(t, "", nil)
@@ -201,11 +207,8 @@ func TestErrnoOfEachFault(t *testing.T) {
 			return m, syscall.EIO
 		}},
 		{"owner no longer has it", func(t *testing.T) (*sharedMount, syscall.Errno) {
-			m := mountShared(t, "", nil)
-			m.publish(t, "f", []byte("data"), m.ownerAddr)
-			m.src.Set("f", dtltest.NotPublished)
 			// A newer version is awaited, for as long as waits last.
-			return m, syscall.ETIMEDOUT
+			return published(t, dtltest.NotPublished), syscall.ETIMEDOUT
 		}},
 		{"backing store full", func(t *testing.T) (*sharedMount, syscall.Errno) {
 			m := mountShared(t, smallTmpfs(t), nil)
@@ -220,10 +223,7 @@ func TestErrnoOfEachFault(t *testing.T) {
 			return m, syscall.EROFS
 		}},
 		{"owner cannot read it", func(t *testing.T) (*sharedMount, syscall.Errno) {
-			m := mountShared(t, "", nil)
-			m.publish(t, "f", []byte("data"), m.ownerAddr)
-			m.src.Set("f", dtltest.Unreadable)
-			return m, syscall.EIO
+			return published(t, dtltest.Unreadable), syscall.EIO
 		}},
 		{"store unreachable", func(t *testing.T) (*sharedMount, syscall.Errno) {
 			m := mountShared(t, "", nil)

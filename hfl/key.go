@@ -63,6 +63,7 @@ package hfl
 
 import (
 	"fmt"
+	"path"
 	"strconv"
 	"strings"
 )
@@ -170,4 +171,39 @@ func DYADKey(relPath string, depth, bins int) string {
 	}
 	b.WriteString(relPath)
 	return b.String()
+}
+
+// Keyspace names where a job's records live in the store.
+type Keyspace struct {
+	// Namespace scopes every key, so that jobs sharing a store never see
+	// each other's files.
+	Namespace string
+	// Depth and Bins shape the hashed hierarchical key (DYAD's
+	// DYAD_KEY_DEPTH and DYAD_KEY_BINS).
+	Depth, Bins int
+}
+
+// Key returns the store key of a clean relative path: the job namespace,
+// then DYAD's hashed hierarchical key of the path.
+func (k Keyspace) Key(path string) string {
+	return k.Namespace + "/" + DYADKey(path, k.Depth, k.Bins)
+}
+
+// Slot returns where the record of a clean relative path lives.
+func (k Keyspace) Slot(p string) Slot {
+	dir, name := SplitPath(p)
+	return Slot{Key: k.Key(p), Dir: k.DirIndex(dir), Name: name}
+}
+
+// DirIndex names the store's index of directory dir ("" for the top).
+func (k Keyspace) DirIndex(dir string) string { return k.Namespace + "/" + dir }
+
+// SplitPath splits a clean relative path into its directory ("" for the
+// top) and its name.
+func SplitPath(p string) (dir, name string) {
+	dir, name = path.Split(p)
+	if dir != "" {
+		dir = dir[:len(dir)-1]
+	}
+	return dir, name
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 )
 
@@ -120,18 +121,20 @@ func (l *Locator) StoreID(ctx context.Context) (string, error) {
 	return string(id), nil
 }
 
-// LiveMembers returns the daemons of namespace registered in s now.
+// LiveMembers returns the daemons of namespace registered in s now, by
+// node.
 func LiveMembers(ctx context.Context, s Store, namespace string) ([]Member, error) {
-	vals, err := s.List(ctx, namespace+"/nodes/")
+	vals, err := s.List(ctx, memberKey(namespace, ""))
 	if err != nil {
 		return nil, fmt.Errorf("members of namespace %s: %w", namespace, err)
 	}
 	out := make([]Member, 0, len(vals))
 	for _, v := range vals {
 		var m Member
-		if json.Unmarshal(v, &m) == nil {
+		if json.Unmarshal(v, &m) == nil && m.Node != "" {
 			out = append(out, m)
 		}
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
 	return out, nil
 }

@@ -10,12 +10,12 @@ import (
 // changed the path (see Changed): the caller looks at it again.
 var ErrChangedHere = errors.New("changed on this node")
 
-// waits is the one registry of waits for paths. Whatever may end a wait
+// Waits is the one registry of waits for paths. Whatever may end a wait
 // fires the path's entry: a notice (holder.go), a change in this node's
 // managed directory (Changed). A wait on the global store runs in the
 // waiting goroutine itself, under a context the entry cancels, so that a
 // waiting open parks one goroutine however it ends.
-type waits struct {
+type Waits struct {
 	mu     sync.Mutex
 	byPath map[string]*pathWait
 }
@@ -34,12 +34,12 @@ type pathWait struct {
 	cancels []context.CancelFunc
 }
 
-func newWaits() *waits { return &waits{byPath: make(map[string]*pathWait)} }
+func newWaits() *Waits { return &Waits{byPath: make(map[string]*pathWait)} }
 
 // Watch is one wait's registration for a path. Take it before looking at
 // the path, so that a change between the look and the wait ends the wait.
 type Watch struct {
-	ws   *waits
+	ws   *Waits
 	path string
 	w    *pathWait
 }
@@ -56,10 +56,10 @@ func (w *Watch) Close() { w.ws.drop(w.path, w.w) }
 
 // Changed wakes the waits for path: the managed directory changed it on
 // this node (a file completed, removed, installed).
-func (l *Locator) Changed(path string) { l.waits.fire(path, nil, true) }
+func (l *Locator) Changed(path string) { l.waits.Fire(path, nil, true) }
 
-// fired reports whether the path changed since the watch was (re)armed.
-func (w *Watch) fired() bool {
+// Fired reports whether the path changed since the watch was (re)armed.
+func (w *Watch) Fired() bool {
 	select {
 	case <-w.w.ch:
 		return true
@@ -71,19 +71,28 @@ func (w *Watch) fired() bool {
 // Path is the watched path.
 func (w *Watch) Path() string { return w.path }
 
+// Done is closed at the path's next change.
+func (w *Watch) Done() <-chan struct{} { return w.w.ch }
+
+// Told returns, once fired, the record a notice told of the path (ok
+// false: the change was not told with a record).
+func (w *Watch) Told() (rec Record, ok bool) { return w.w.rec, w.w.told }
+
+// ChangedHere reports, once fired, whether the change was made on this
+// node (see Locator.Changed).
+func (w *Watch) ChangedHere() bool { return w.w.here }
+
 // Rearm moves the watch to the path's next change: call it after a
 // change ended a wait, before looking at the path again.
-func (w *Watch) Rearm() { w.rearm() }
-
-func (w *Watch) rearm() {
+func (w *Watch) Rearm() {
 	old := w.w
 	w.w = w.ws.take(w.path)
 	w.ws.drop(w.path, old)
 }
 
-// cancelOnChange returns a context derived from ctx that ends at the
+// CancelOnChange returns a context derived from ctx that ends at the
 // path's next change (or when stop is called).
-func (w *Watch) cancelOnChange(ctx context.Context) (context.Context, context.CancelFunc) {
+func (w *Watch) CancelOnChange(ctx context.Context) (context.Context, context.CancelFunc) {
 	cctx, cancel := context.WithCancel(ctx)
 	ws, pw := w.ws, w.w
 	ws.mu.Lock()
@@ -97,7 +106,7 @@ func (w *Watch) cancelOnChange(ctx context.Context) (context.Context, context.Ca
 	return cctx, cancel
 }
 
-func (ws *waits) take(p string) *pathWait {
+func (ws *Waits) take(p string) *pathWait {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	w, ok := ws.byPath[p]
@@ -109,7 +118,7 @@ func (ws *waits) take(p string) *pathWait {
 	return w
 }
 
-func (ws *waits) drop(p string, w *pathWait) {
+func (ws *Waits) drop(p string, w *pathWait) {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	if w.users--; w.users == 0 && ws.byPath[p] == w {
@@ -117,8 +126,8 @@ func (ws *waits) drop(p string, w *pathWait) {
 	}
 }
 
-// fire ends the waits for p: told rec (not nil), or a change here.
-func (ws *waits) fire(p string, rec *Record, here bool) {
+// Fire ends the waits for p: told rec (not nil), or a change here.
+func (ws *Waits) Fire(p string, rec *Record, here bool) {
 	ws.mu.Lock()
 	w, ok := ws.byPath[p]
 	if ok {
@@ -137,8 +146,8 @@ func (ws *waits) fire(p string, rec *Record, here bool) {
 	}
 }
 
-// paths returns the paths that have waits now.
-func (ws *waits) paths() map[string]struct{} {
+// Paths returns the paths that have waits now.
+func (ws *Waits) Paths() map[string]struct{} {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	out := make(map[string]struct{}, len(ws.byPath))
@@ -151,7 +160,7 @@ func (ws *waits) paths() map[string]struct{} {
 // WaitingPaths is how many paths have waits.
 func (l *Locator) WaitingPaths() int { return l.waits.len() }
 
-func (ws *waits) len() int {
+func (ws *Waits) len() int {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	return len(ws.byPath)
@@ -177,6 +186,6 @@ func (l *Locator) waitRecord(ctx context.Context, path string, after uint64, ahe
 		if !errors.Is(err, ErrChangedHere) {
 			return rec, err
 		}
-		w.rearm()
+		w.Rearm()
 	}
 }

@@ -515,8 +515,8 @@ func init() {
 		defer d.Close()
 		loc := d.Locator()
 		os.WriteFile(filepath.Join(backing, "here.dat"), []byte("x"), 0o644)
-		loc.Publish(ctx, hfl.Record{Path: "cached.dat", Owner: "elsewhere", Size: 1})
-		loc.Publish(ctx, hfl.Record{Path: "global.dat", Owner: "elsewhere", Size: 1})
+		loc.Publish(ctx, hfl.Record{Path: "cached.dat", Owner: "elsewhere", Size: 1}, hfl.PublishOptions{})
+		loc.Publish(ctx, hfl.Record{Path: "global.dat", Owner: "elsewhere", Size: 1}, hfl.PublishOptions{})
 		rate := func(n int, f func()) float64 {
 			start := time.Now()
 			for i := 0; i < n; i++ {

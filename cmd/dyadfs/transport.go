@@ -78,9 +78,9 @@ func joinJob(ctx context.Context, c *mountConfig, t dtl.Transport, d *dmd.DMD, l
 		return nil, fail(exitStore, err.Error())
 	}
 	nctx, stop := context.WithCancel(context.Background())
-	if err := loc.StartNotices(nctx, self, log); err != nil {
-		// Waits still work through the store alone, only slower.
-		log.Warn("notices are off", "err", err)
+	if err := loc.StartNotices(nctx, self); err != nil {
+		// Waits work through the store alone until it answers.
+		log.Warn("cannot read the job's members yet; notices begin once the store answers", "err", err)
 	}
 	log.Info("sharing files", "transport", c.DTL, "addr", t.Addr(), "node", c.DMD.Node)
 	return stop, nil

@@ -24,6 +24,7 @@ import (
 	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/fs/backing"
 	"github.com/dyadfs/dyadfs/hfl"
+	"github.com/dyadfs/dyadfs/hfl/notice"
 )
 
 // InternalDir is the directory at the top of the backing store that holds
@@ -269,11 +270,11 @@ func New(cfg Config, p Parts) (*DMD, error) {
 		log.Warn("backing store does not support user xattrs: files half-written when dyadfs dies cannot be told from complete ones", "backing", cfg.Backing)
 	}
 	// Notices travel as the transport's messages, where it carries them.
-	var peers hfl.Peers
+	notices := hfl.SingleNode
 	if m, ok := p.Transport.(dtl.Messenger); ok {
-		peers = m
+		notices = notice.Over(d.life, m, log)
 	}
-	d.loc, err = hfl.NewLocator(p.Locator, p.Store, d, peers)
+	d.loc, err = hfl.NewLocator(p.Locator, p.Store, d, notices)
 	if err != nil {
 		d.closeFds()
 		return nil, err

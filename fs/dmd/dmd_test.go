@@ -272,7 +272,7 @@ func TestWaitPathTimeoutInterruptShutdown(t *testing.T) {
 
 func TestWaitPathOtherNodeWithoutTransport(t *testing.T) {
 	fx := newFixture(t, nil)
-	fx.d.loc.Publish(fx.ctx(), hfl.Record{Path: "remote", Owner: "n2", Size: 3})
+	fx.d.loc.Publish(fx.ctx(), hfl.Record{Path: "remote", Owner: "n2", Size: 3}, hfl.PublishOptions{})
 	if _, err := fx.d.WaitPath(fx.ctx(), "remote", 0); !errors.Is(err, ErrNoTransport) {
 		t.Fatalf("got %v, want ErrNoTransport", err)
 	}

@@ -214,7 +214,7 @@ func (d *DMD) Changed(ctx context.Context, rel string) {
 		d.notHashed(rel, err)
 		return
 	}
-	d.publishNow(ctx, rec)
+	d.publish(ctx, rec, publishTold)
 }
 
 // Made is called when a directory, a symbolic link or another non-regular
@@ -240,7 +240,7 @@ func (d *DMD) Made(ctx context.Context, rel string) {
 		}
 		rec.Target = target
 	}
-	d.publishNow(ctx, rec)
+	d.publish(ctx, rec, publishTold)
 }
 
 // Adopt makes the copy at rel, of a file or directory another node

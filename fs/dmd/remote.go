@@ -163,7 +163,7 @@ func (d *DMD) Claim(ctx context.Context, rel string, prev hfl.Record, tid uint32
 	}
 	claim := prev
 	claim.Path, claim.Owner, claim.Target = rel, d.cfg.Node, ""
-	if _, err := d.loc.Claim(ctx, claim); err != nil {
+	if _, err := d.loc.Publish(ctx, claim, hfl.PublishOptions{Tell: hfl.TellSure, Claim: true}); err != nil {
 		d.stats.claimErrors.Add(1)
 		return err
 	}

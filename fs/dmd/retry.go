@@ -154,7 +154,7 @@ func (d *DMD) reconcile(ctx context.Context, rel string, op retryOp) error {
 	}
 	// As any publish: a change told meanwhile is looked at once it is
 	// done (see publishDone).
-	if err := d.publishWith(ctx, rec, d.loc.Publish); err != nil {
+	if err := d.publish(ctx, rec, publishAside); err != nil {
 		return err
 	}
 	d.log.Info("published after retry", "path", rel)

@@ -251,7 +251,7 @@ func (w *Writer) again(ctx context.Context, fd int, rel string, verdict bool) er
 		d.notHashed(rel, err)
 		return nil
 	}
-	return d.publishFor(ctx, rec, verdict)
+	return d.publish(ctx, rec, closePublish(verdict))
 }
 
 // finish drops the handle and, when it was the last, finishes the file:
@@ -357,7 +357,7 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, verdict bool) (
 			written = false
 			// Without a verdict, a failed publish is only retried
 			// (publish logs it): the release has no one to tell.
-			if err := d.publishFor(ctx, rec, verdict); err != nil && verdict && first == nil {
+			if err := d.publish(ctx, rec, closePublish(verdict)); err != nil && verdict && first == nil {
 				first = err
 			}
 			// Release is asynchronous: a rename may have taken the
@@ -412,7 +412,7 @@ func (d *DMD) released(names ...string) {
 // returns nil if the file is larger than hfl.InlineMax, nobody is told of
 // publishes, or the file changed while it was read.
 func (d *DMD) inlineOf(fd int, st *syscall.Stat_t) *hfl.Inline {
-	if st.Size > hfl.InlineMax || d.cfg.SharedStorage || !d.loc.NoticesOn() {
+	if st.Size > hfl.InlineMax || d.cfg.SharedStorage || !d.loc.CarriesBytes() {
 		return nil
 	}
 	// Backing descriptors are readable (see backing.Openat); one the
@@ -549,67 +549,52 @@ func (d *DMD) publishFile(ctx context.Context, rel string, st *syscall.Stat_t) e
 		d.notHashed(rel, err)
 		return err
 	}
-	return d.publish(ctx, rec)
+	return d.publish(ctx, rec, publishAside)
 }
 
-// publish records rec in the store; the nodes that hold the path hear of
-// it soon. A failed publish (the store is unreachable) is queued and
-// retried until it lands or the file changes.
-func (d *DMD) publish(ctx context.Context, rec hfl.Record) error {
-	return d.publishWith(ctx, rec, d.loc.Publish)
+// publishHow says how a publish goes.
+type publishHow struct {
+	hfl.PublishOptions
+	// verdict: the publish waits for the store's verdict. While the store
+	// does not answer, it tries again for up to Config.CloseWait; a
+	// refusal ends it at once. A failure wraps ErrPublish.
+	verdict bool
 }
 
-// publishNow is publish, returning once every node that holds the path
-// heard of it (a rename, a link, a chmod: a change of names or attributes
-// is seen everywhere once the call returns).
-func (d *DMD) publishNow(ctx context.Context, rec hfl.Record) error {
-	if d.solo() {
-		return d.publish(ctx, rec)
+var (
+	// publishAside: the nodes that hold the path hear of it soon (the
+	// record goes ahead of the commit, with a small file's bytes, for
+	// consumers that wait).
+	publishAside = publishHow{PublishOptions: hfl.PublishOptions{Ahead: true}}
+	// publishTold returns once every node that holds the path heard of
+	// it: a change of names or attributes (a rename, a link, a chmod) is
+	// seen everywhere once the call returns.
+	publishTold = publishHow{PublishOptions: hfl.PublishOptions{Tell: hfl.TellSure}}
+	// publishVerdict is a writer's close that reports the store's
+	// verdict; the nodes that hold the path are told before it returns
+	// (close-to-open), unless the path's home does not answer.
+	publishVerdict = publishHow{PublishOptions: hfl.PublishOptions{Ahead: true, Tell: hfl.TellOnce}, verdict: true}
+)
+
+// closePublish is how a writer's close publishes: with the store's
+// verdict or aside.
+func closePublish(verdict bool) publishHow {
+	if verdict {
+		return publishVerdict
 	}
-	return d.publishWith(ctx, rec, d.loc.PublishSync)
+	return publishAside
 }
 
-// publishFor is publish, or, with verdict, publishes rec and waits for the
-// store's verdict: while the store does not answer, it tries again for up
-// to Config.CloseWait; a refusal ends it at once. A failure wraps
-// ErrPublish (and the publish is retried later). With verdict, the nodes
-// that hold the path are told before it returns (close-to-open, see
-// hfl.Locator.PublishAndTell).
-func (d *DMD) publishFor(ctx context.Context, rec hfl.Record, verdict bool) error {
-	if !verdict {
-		return d.publish(ctx, rec)
-	}
-	deadline := time.Now().Add(d.cfg.CloseWait)
-	pause := 50 * time.Millisecond
-	publish := func(ctx context.Context, rec hfl.Record) (hfl.Record, error) {
-		for {
-			cctx, cancel := context.WithDeadline(ctx, deadline)
-			out, err := d.loc.PublishAndTell(cctx, rec)
-			cancel()
-			if err == nil || !errors.Is(err, hfl.ErrUnavailable) || ctx.Err() != nil || time.Until(deadline) <= 0 {
-				return out, err
-			}
-			t := time.NewTimer(min(pause, time.Until(deadline)))
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-			}
-			pause = min(2*pause, time.Second)
-		}
-	}
-	if err := d.publishWith(ctx, rec, publish); err != nil {
-		return fmt.Errorf("%w: %s: %w", ErrPublish, rec.Path, err)
-	}
-	return nil
-}
-
-func (d *DMD) publishWith(ctx context.Context, rec hfl.Record, publish func(context.Context, hfl.Record) (hfl.Record, error)) error {
+// publish records rec in the store, as how says: the one way a file's
+// record, from its last release, a retry or a change of names, reaches
+// the store and the nodes. A failed publish (the store is unreachable, or
+// refused it) is queued and retried until it lands or the file changes.
+func (d *DMD) publish(ctx context.Context, rec hfl.Record, how publishHow) error {
 	start := time.Now()
 	d.mu.Lock()
 	d.publishing[rec.Path] = rec
 	d.mu.Unlock()
-	out, err := publish(ctx, rec)
+	out, err := d.commit(ctx, rec, how)
 	metrics.PublishDuration.WithLabelValues(metrics.Outcome(err)).Observe(time.Since(start).Seconds())
 	d.mu.Lock()
 	if d.publishing[rec.Path] == rec {
@@ -621,6 +606,9 @@ func (d *DMD) publishWith(ctx context.Context, rec hfl.Record, publish func(cont
 		d.log.Error("publish failed; will retry", "path", rec.Path, "err", err)
 		d.retryLater(rec.Path, retryPublish, err)
 		d.publishDone(rec.Path)
+		if how.verdict {
+			return fmt.Errorf("%w: %s: %w", ErrPublish, rec.Path, err)
+		}
 		return err
 	}
 	d.stats.publishes.Add(1)
@@ -628,4 +616,29 @@ func (d *DMD) publishWith(ctx context.Context, rec hfl.Record, publish func(cont
 	d.log.Debug("published", "path", rec.Path, "gen", out.Generation, "took", time.Since(start))
 	d.publishDone(rec.Path)
 	return nil
+}
+
+// commit is publish's call to the locator. With a verdict, a store that
+// does not answer is asked again until Config.CloseWait has passed.
+func (d *DMD) commit(ctx context.Context, rec hfl.Record, how publishHow) (hfl.Record, error) {
+	if !how.verdict {
+		return d.loc.Publish(ctx, rec, how.PublishOptions)
+	}
+	deadline := time.Now().Add(d.cfg.CloseWait)
+	pause := 50 * time.Millisecond
+	for {
+		cctx, cancel := context.WithDeadline(ctx, deadline)
+		out, err := d.loc.Publish(cctx, rec, how.PublishOptions)
+		cancel()
+		if err == nil || !errors.Is(err, hfl.ErrUnavailable) || ctx.Err() != nil || time.Until(deadline) <= 0 {
+			return out, err
+		}
+		t := time.NewTimer(min(pause, time.Until(deadline)))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+		pause = min(2*pause, time.Second)
+	}
 }

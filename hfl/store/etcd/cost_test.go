@@ -29,7 +29,7 @@ func BenchmarkEtcdCostPerFile(b *testing.B) {
 	defer raw.Close()
 	cfg := hfl.DefaultLocatorConfig()
 	cfg.Namespace = "job"
-	loc, err := hfl.NewLocator(cfg, s, nil, nil)
+	loc, err := hfl.NewLocator(cfg, s, nil, hfl.SingleNode)
 	if err != nil {
 		b.Fatal(err)
 	}

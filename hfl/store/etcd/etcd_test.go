@@ -653,7 +653,7 @@ func TestEtcdNamespacesApart(t *testing.T) {
 		cfg := hfl.DefaultLocatorConfig()
 		cfg.Namespace = ns
 		s := openEtcd(t, srv.Endpoints(), etcd.DefaultPrefix, nil)
-		loc, err := hfl.NewLocator(cfg, s, nil, nil)
+		loc, err := hfl.NewLocator(cfg, s, nil, hfl.SingleNode)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -666,7 +666,7 @@ func TestEtcdNamespacesApart(t *testing.T) {
 		t.Fatalf("both namespaces key %s as %s", path, a.Key(path))
 	}
 
-	recA, err := a.Publish(ctx, record(path, "nodeA"))
+	recA, err := a.Publish(ctx, record(path, "nodeA"), hfl.PublishOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -681,7 +681,7 @@ func TestEtcdNamespacesApart(t *testing.T) {
 
 	done := waitAsync(ctx, storeA, a.Slot(path), recA.Generation)
 	srv.WaitWatchers(t, 1)
-	recB, err := b.Publish(ctx, record(path, "nodeB"))
+	recB, err := b.Publish(ctx, record(path, "nodeB"), hfl.PublishOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -767,7 +767,7 @@ func TestEtcdSameNodeIDAtOnce(t *testing.T) {
 	daemon := func() *hfl.Locator {
 		cfg := hfl.DefaultLocatorConfig()
 		cfg.Namespace = "job"
-		loc, err := hfl.NewLocator(cfg, openEtcd(t, srv.Endpoints(), etcd.DefaultPrefix, nil), nil, nil)
+		loc, err := hfl.NewLocator(cfg, openEtcd(t, srv.Endpoints(), etcd.DefaultPrefix, nil), nil, hfl.SingleNode)
 		if err != nil {
 			t.Fatal(err)
 		}

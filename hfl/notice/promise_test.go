@@ -1,9 +1,10 @@
-package hfl
+package notice
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dyadfs/dyadfs/hfl"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,11 +22,11 @@ type recordingLocal struct {
 	told []string
 }
 
-func (r *recordingLocal) LocalRecord(ctx context.Context, path string) (Record, bool) {
-	return Record{}, false
+func (r *recordingLocal) LocalRecord(ctx context.Context, path string) (hfl.Record, bool) {
+	return hfl.Record{}, false
 }
 
-func (r *recordingLocal) Invalidated(path string, rec Record, exists bool) {
+func (r *recordingLocal) Invalidated(path string, rec hfl.Record, exists bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch {
@@ -53,7 +54,7 @@ func (r *recordingLocal) heard(s string) bool {
 
 // countingStore counts the calls that promises should spare.
 type countingStore struct {
-	Store
+	hfl.Store
 	lookups, lists atomic.Int64
 	// hide drops members from listings of registrations.
 	mu   sync.Mutex
@@ -63,7 +64,7 @@ type countingStore struct {
 	lookupIn   chan struct{}
 }
 
-func (s *countingStore) Lookup(ctx context.Context, slot Slot) (Record, error) {
+func (s *countingStore) Lookup(ctx context.Context, slot hfl.Slot) (hfl.Record, error) {
 	s.lookups.Add(1)
 	rec, err := s.Store.Lookup(ctx, slot)
 	if s.lookupGate != nil {
@@ -73,7 +74,7 @@ func (s *countingStore) Lookup(ctx context.Context, slot Slot) (Record, error) {
 	return rec, err
 }
 
-func (s *countingStore) ListDir(ctx context.Context, dir, after string, limit int) ([]Record, error) {
+func (s *countingStore) ListDir(ctx context.Context, dir, after string, limit int) ([]hfl.Record, error) {
 	s.lists.Add(1)
 	return s.Store.ListDir(ctx, dir, after, limit)
 }
@@ -91,11 +92,11 @@ func (s *countingStore) List(ctx context.Context, prefix string) (map[string][]b
 }
 
 // promiseCluster is a notice cluster whose nodes note what they are told.
-func promiseCluster(t *testing.T, n int) ([]*Locator, []*recordingLocal, *countingStore, *memNet) {
+func promiseCluster(t *testing.T, n int) ([]*node, []*recordingLocal, *countingStore, *memNet) {
 	t.Helper()
 	store := &countingStore{Store: embedded.New(), hide: map[string]bool{}}
 	locals := make([]*recordingLocal, n)
-	locs, net := noticeClusterWith(t, n, store, func(i int) LocalIndex {
+	locs, net := noticeClusterWith(t, n, store, func(i int) hfl.LocalIndex {
 		locals[i] = &recordingLocal{}
 		return locals[i]
 	})
@@ -119,7 +120,7 @@ func eventuallyTrue(t *testing.T, what string, cond func() bool) {
 func TestPromiseSparesTheStore(t *testing.T) {
 	locs, _, store, _ := promiseCluster(t, 3)
 	ctx := testContext(t)
-	pub, err := locs[0].Publish(ctx, Record{Path: "p/a", Owner: "n0", Mode: 0o100644})
+	pub, err := locs[0].Publish(ctx, hfl.Record{Path: "p/a", Owner: "n0", Mode: 0o100644}, aside)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,19 +129,19 @@ func TestPromiseSparesTheStore(t *testing.T) {
 		first, _, err1 := locs[1].Record(ctx, path)
 		before := store.lookups.Load()
 		again, lv, err2 := locs[1].Record(ctx, path)
-		if lv != LevelCache || store.lookups.Load() != before || !errors.Is(err1, err2) || first != again {
+		if lv != hfl.LevelCache || store.lookups.Load() != before || !errors.Is(err1, err2) || first != again {
 			t.Fatalf("%s asked again: %+v at %v, %v (first %+v, %v), %d store lookups; want it from the promise",
 				path, again, lv, err2, first, err1, store.lookups.Load()-before)
 		}
 	}
 	// A publish of the missing path is told to the node that asked.
-	late, err := locs[2].Publish(ctx, Record{Path: "p/missing", Owner: "n2", Mode: 0o100644})
+	late, err := locs[2].Publish(ctx, hfl.Record{Path: "p/missing", Owner: "n2", Mode: 0o100644}, aside)
 	if err != nil {
 		t.Fatal(err)
 	}
 	eventuallyTrue(t, "the new path told", func() bool {
 		rec, lv, err := locs[1].Record(ctx, "p/missing")
-		return err == nil && lv == LevelCache && rec.Generation == late.Generation
+		return err == nil && lv == hfl.LevelCache && rec.Generation == late.Generation
 	})
 	if rec, _, err := locs[1].Record(ctx, "p/a"); err != nil || rec.Generation != pub.Generation {
 		t.Fatalf("p/a = %+v, %v; want %+v", rec, err, pub)
@@ -156,20 +157,20 @@ func TestClaimTellsHoldersBeforeItReturns(t *testing.T) {
 	ctx := testContext(t)
 	for i := 0; i < 8; i++ {
 		path := fmt.Sprintf("c%d/f", i) // homes spread over the nodes
-		if _, err := locs[0].Publish(ctx, Record{Path: path, Owner: "n0", Size: 1, Mode: 0o100644}); err != nil {
+		if _, err := locs[0].Publish(ctx, hfl.Record{Path: path, Owner: "n0", Size: 1, Mode: 0o100644}, aside); err != nil {
 			t.Fatal(err)
 		}
 		// The owner holds its promise once its home took the publish.
 		eventuallyTrue(t, "owner's promise", func() bool {
 			_, lv, err := locs[0].Record(ctx, path)
-			return err == nil && lv == LevelCache
+			return err == nil && lv == hfl.LevelCache
 		})
 		for _, l := range locs[1:3] {
 			if _, _, err := l.Record(ctx, path); err != nil {
 				t.Fatal(err)
 			}
 		}
-		claim, err := locs[3].Claim(ctx, Record{Path: path, Owner: "n3", Size: 1, Mode: 0o100644})
+		claim, err := locs[3].Publish(ctx, hfl.Record{Path: path, Owner: "n3", Size: 1, Mode: 0o100644}, claiming)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -179,11 +180,11 @@ func TestClaimTellsHoldersBeforeItReturns(t *testing.T) {
 				t.Fatalf("%s: n%d was not told %q before Claim returned: %v", path, i, want, locals[i].told)
 			}
 			rec, lv, err := locs[i].Record(ctx, path)
-			if err != nil || lv != LevelCache || !rec.Writing || rec.Generation != claim.Generation {
+			if err != nil || lv != hfl.LevelCache || !rec.Writing || rec.Generation != claim.Generation {
 				t.Fatalf("%s: n%d knows %+v at %v, %v; want the claim from its promise (notices %+v)", path, i, rec, lv, err, *locs[i].Stats().Notices)
 			}
 		}
-		pub, err := locs[3].Publish(ctx, Record{Path: path, Owner: "n3", Size: 2, Mode: 0o100644})
+		pub, err := locs[3].Publish(ctx, hfl.Record{Path: path, Owner: "n3", Size: 2, Mode: 0o100644}, aside)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -199,24 +200,24 @@ func TestClaimTellsHoldersBeforeItReturns(t *testing.T) {
 func TestRemovalTellsHolders(t *testing.T) {
 	locs, locals, _, _ := promiseCluster(t, 3)
 	ctx := testContext(t)
-	if _, err := locs[0].Publish(ctx, Record{Path: "r/f", Owner: "n0", Mode: 0o100644}); err != nil {
+	if _, err := locs[0].Publish(ctx, hfl.Record{Path: "r/f", Owner: "n0", Mode: 0o100644}, aside); err != nil {
 		t.Fatal(err)
 	}
 	eventuallyTrue(t, "owner's promise", func() bool {
 		_, lv, err := locs[0].Record(ctx, "r/f")
-		return err == nil && lv == LevelCache
+		return err == nil && lv == hfl.LevelCache
 	})
 	if _, _, err := locs[1].Record(ctx, "r/f"); err != nil {
 		t.Fatal(err)
 	}
-	if err := locs[2].Unpublish(ctx, "r/f", RemoveCond{}, true); err != nil {
+	if err := locs[2].Unpublish(ctx, "r/f", hfl.RemoveCond{}, true); err != nil {
 		t.Fatal(err)
 	}
 	for _, i := range []int{0, 1} {
 		if !locals[i].heard("r/f gone") {
 			t.Fatalf("n%d not told of the removal before Unpublish returned: %v", i, locals[i].told)
 		}
-		if _, lv, err := locs[i].Record(ctx, "r/f"); !errors.Is(err, ErrNotFound) || lv != LevelCache {
+		if _, lv, err := locs[i].Record(ctx, "r/f"); !errors.Is(err, hfl.ErrNotFound) || lv != hfl.LevelCache {
 			t.Fatalf("n%d after the removal: %v at %v; want ErrNotFound from its promise", i, err, lv)
 		}
 	}
@@ -229,7 +230,7 @@ func TestListingPromise(t *testing.T) {
 	ctx := testContext(t)
 	// Told before they return: no notice of them comes after the listing.
 	for _, name := range []string{"y", "x"} {
-		if _, err := locs[0].PublishSync(ctx, Record{Path: "ls/" + name, Owner: "n0", Mode: 0o100644}); err != nil {
+		if _, err := locs[0].Publish(ctx, hfl.Record{Path: "ls/" + name, Owner: "n0", Mode: 0o100644}, told); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -253,15 +254,15 @@ func TestListingPromise(t *testing.T) {
 		t.Fatalf("listing again %q with %d store reads; want x y from the promise", got, store.lists.Load()-before)
 	}
 	// Lookups in the directory are answered from the listing too.
-	if _, lv, err := locs[1].Record(ctx, "ls/none"); !errors.Is(err, ErrNotFound) || lv != LevelCache {
+	if _, lv, err := locs[1].Record(ctx, "ls/none"); !errors.Is(err, hfl.ErrNotFound) || lv != hfl.LevelCache {
 		t.Fatalf("lookup of a name the listing lacks: %v at %v", err, lv)
 	}
-	if _, err := locs[0].Publish(ctx, Record{Path: "ls/z", Owner: "n0", Mode: 0o100644}); err != nil {
+	if _, err := locs[0].Publish(ctx, hfl.Record{Path: "ls/z", Owner: "n0", Mode: 0o100644}, aside); err != nil {
 		t.Fatal(err)
 	}
 	eventuallyTrue(t, "the new name listed", func() bool { return names() == "x y z" })
 	// The node's own changes keep its listing in step.
-	if _, err := locs[1].Publish(ctx, Record{Path: "ls/w", Owner: "n1", Mode: 0o100644}); err != nil {
+	if _, err := locs[1].Publish(ctx, hfl.Record{Path: "ls/w", Owner: "n1", Mode: 0o100644}, aside); err != nil {
 		t.Fatal(err)
 	}
 	if got := names(); got != "w x y z" {
@@ -282,13 +283,13 @@ func TestChangeDuringQuestionIsNotKept(t *testing.T) {
 		done <- err
 	}()
 	<-store.lookupIn // the store answered "missing"; the answer is on its way
-	pub, err := locs[0].Publish(ctx, Record{Path: "q/f", Owner: "n0", Mode: 0o100644})
+	pub, err := locs[0].Publish(ctx, hfl.Record{Path: "q/f", Owner: "n0", Mode: 0o100644}, aside)
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventuallyTrue(t, "the change told", func() bool { return locs[1].notices.Load().broken.Load() > 0 })
+	eventuallyTrue(t, "the change told", func() bool { return locs[1].n.broken.Load() > 0 })
 	close(store.lookupGate)
-	if err := <-done; !errors.Is(err, ErrNotFound) {
+	if err := <-done; !errors.Is(err, hfl.ErrNotFound) {
 		t.Fatalf("the question in flight: %v, want the store's ErrNotFound", err)
 	}
 	rec, _, err := locs[1].Record(ctx, "q/f")
@@ -308,21 +309,21 @@ func TestPromisesEndWithTheirHome(t *testing.T) {
 	for i := 0; ; i++ {
 		d := fmt.Sprintf("h%d", i)
 		key := locs[0].Key(d)
-		if best, _ := rendezvous([]Member{{Node: "n0"}, {Node: "n1"}, {Node: "n2"}}, key, ""); best.Node == "n2" {
+		if best, _ := rendezvous([]hfl.Member{{Node: "n0"}, {Node: "n1"}, {Node: "n2"}}, key, ""); best.Node == "n2" {
 			dir = d
 			break
 		}
 	}
 	path := dir + "/f"
-	if _, _, err := locs[1].Record(ctx, path); !errors.Is(err, ErrNotFound) {
+	if _, _, err := locs[1].Record(ctx, path); !errors.Is(err, hfl.ErrNotFound) {
 		t.Fatal(err)
 	}
-	if _, lv, _ := locs[1].Record(ctx, path); lv != LevelCache {
+	if _, lv, _ := locs[1].Record(ctx, path); lv != hfl.LevelCache {
 		t.Fatalf("second lookup at %v, want the cache", lv)
 	}
 	joinNode(t, ctx, store, net, "n2", "10.0.0.3:7447")
 	eventuallyTrue(t, "n1 knows n2", func() bool { return locs[1].Stats().Notices.Members == 3 })
-	if _, lv, _ := locs[1].Record(ctx, path); lv == LevelCache {
+	if _, lv, _ := locs[1].Record(ctx, path); lv == hfl.LevelCache {
 		t.Fatalf("a promise of the old home was still trusted after the home changed")
 	}
 }
@@ -341,13 +342,13 @@ func TestRemovalWaitsForAnUnreachableHome(t *testing.T) {
 	dir := ""
 	for i := 0; ; i++ {
 		d := fmt.Sprintf("w%d", i)
-		if h, _, _ := locs[0].notices.Load().homeOf(d); h.Node == "n1" {
+		if h, _, _ := locs[0].n.homeOf(d); h.Node == "n1" {
 			dir = d
 			break
 		}
 	}
 	path := dir + "/f"
-	if _, err := locs[0].Publish(ctx, Record{Path: path, Owner: "n0", Mode: 0o100644}); err != nil {
+	if _, err := locs[0].Publish(ctx, hfl.Record{Path: path, Owner: "n0", Mode: 0o100644}, aside); err != nil {
 		t.Fatal(err)
 	}
 	net.mu.Lock()
@@ -362,7 +363,7 @@ func TestRemovalWaitsForAnUnreachableHome(t *testing.T) {
 		store.mu.Unlock()
 		gone <- time.Now()
 	}()
-	if err := locs[2].Unpublish(ctx, path, RemoveCond{}, true); err != nil {
+	if err := locs[2].Unpublish(ctx, path, hfl.RemoveCond{}, true); err != nil {
 		t.Fatal(err)
 	}
 	left := <-gone
@@ -380,14 +381,14 @@ func TestRemovalWaitsForAnUnreachableHome(t *testing.T) {
 // version lost), and neither its listing nor what it knows of the path
 // goes back to its own older record.
 func TestOvertakenPublishLearnsWinner(t *testing.T) {
-	locs, locals, _, _ := promiseCluster(t, 3)
+	locs, locals, store, _ := promiseCluster(t, 3)
 	ctx := testContext(t)
 	const p = "w/f"
-	older, err := locs[1].store.Publish(ctx, locs[1].Slot(p), Record{Path: p, Owner: "n1", Mode: 0o100644, Size: 1})
+	older, err := store.Publish(ctx, locs[1].Slot(p), hfl.Record{Path: p, Owner: "n1", Mode: 0o100644, Size: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	newer, err := locs[2].PublishSync(ctx, Record{Path: p, Owner: "n2", Mode: 0o100644, Size: 2})
+	newer, err := locs[2].Publish(ctx, hfl.Record{Path: p, Owner: "n2", Mode: 0o100644, Size: 2}, told)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -397,7 +398,7 @@ func TestOvertakenPublishLearnsWinner(t *testing.T) {
 	if len(locals[1].told) != 0 {
 		t.Fatalf("n1 held nothing, and was told %v", locals[1].told)
 	}
-	n := locs[1].notices.Load()
+	n := locs[1].n
 	// What Publish does once the store took n1's record, late.
 	n.holder.madeHere(p, older, true, older.Generation)
 	n.tellHomeSync(ctx, notice{Kind: kindPublished, Rec: &older}, p, older, true)
@@ -427,17 +428,17 @@ func TestSilentHolderLosesPromises(t *testing.T) {
 	dir := ""
 	for i := 0; dir == ""; i++ {
 		d := fmt.Sprintf("s%d", i)
-		if best, _ := rendezvous([]Member{{Node: "n0"}, {Node: "n1"}, {Node: "n2"}}, locs[0].Key(d), ""); best.Node == "n2" {
+		if best, _ := rendezvous([]hfl.Member{{Node: "n0"}, {Node: "n1"}, {Node: "n2"}}, locs[0].Key(d), ""); best.Node == "n2" {
 			dir = d
 		}
 	}
 	p := dir + "/f"
-	rec, err := locs[0].PublishSync(ctx, Record{Path: p, Owner: "n0", Mode: 0o100644, Size: 1})
+	rec, err := locs[0].Publish(ctx, hfl.Record{Path: p, Owner: "n0", Mode: 0o100644, Size: 1}, told)
 	if err != nil {
 		t.Fatal(err)
 	}
 	locs[1].Record(ctx, p) // n1 holds p
-	if _, lv, _ := locs[1].Record(ctx, p); lv != LevelCache {
+	if _, lv, _ := locs[1].Record(ctx, p); lv != hfl.LevelCache {
 		t.Fatalf("n1 does not hold p: %v", lv)
 	}
 	net.mu.Lock()
@@ -445,7 +446,7 @@ func TestSilentHolderLosesPromises(t *testing.T) {
 	net.mu.Unlock()
 	start := time.Now()
 	claim := rec
-	if _, err := locs[0].Claim(ctx, claim); err != nil {
+	if _, err := locs[0].Publish(ctx, claim, claiming); err != nil {
 		t.Fatal(err)
 	}
 	if took := time.Since(start); took > 2*holderSilence {
@@ -459,7 +460,7 @@ func TestSilentHolderLosesPromises(t *testing.T) {
 	net.mu.Unlock()
 	eventuallyTrue(t, "n1 told its promises are void", func() bool { return locs[1].Stats().Notices.Revoked == 1 })
 	got, lv, err := locs[1].Record(ctx, p)
-	if err != nil || lv == LevelCache || !got.Writing {
+	if err != nil || lv == hfl.LevelCache || !got.Writing {
 		t.Fatalf("n1 after it came back: %+v at %v, %v; want the claim, asked afresh", got, lv, err)
 	}
 }
@@ -473,14 +474,14 @@ func TestPublishAndTellBeforeItReturns(t *testing.T) {
 	for i := 0; i < 8; i++ {
 		p := fmt.Sprintf("n%d/new", i) // homes spread over the nodes
 		locs[1].Record(ctx, p)
-		if _, lv, err := locs[1].Record(ctx, p); !errors.Is(err, ErrNotFound) || lv != LevelCache {
+		if _, lv, err := locs[1].Record(ctx, p); !errors.Is(err, hfl.ErrNotFound) || lv != hfl.LevelCache {
 			t.Fatalf("%s: %v at %v; want missing, from a promise", p, err, lv)
 		}
-		pub, err := locs[0].PublishAndTell(ctx, Record{Path: p, Owner: "n0", Mode: 0o100644, Size: 3})
+		pub, err := locs[0].Publish(ctx, hfl.Record{Path: p, Owner: "n0", Mode: 0o100644, Size: 3}, closeTold)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rec, lv, err := locs[1].Record(ctx, p); err != nil || rec.Generation != pub.Generation || lv != LevelCache {
+		if rec, lv, err := locs[1].Record(ctx, p); err != nil || rec.Generation != pub.Generation || lv != hfl.LevelCache {
 			t.Fatalf("%s right after the publish returned: %+v at %v, %v; want generation %d from the promise", p, rec, lv, err, pub.Generation)
 		}
 	}

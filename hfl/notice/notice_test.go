@@ -1,9 +1,10 @@
-package hfl
+package notice
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dyadfs/dyadfs/hfl"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,21 +18,21 @@ import (
 // slowStore is a shared store whose waits never end on their own and whose
 // calls are counted: what reaches a consumer early came by notice.
 type slowStore struct {
-	Store
+	hfl.Store
 	lookups, waits atomic.Int64
 	blockWaits     bool
 }
 
-func (s *slowStore) Lookup(ctx context.Context, slot Slot) (Record, error) {
+func (s *slowStore) Lookup(ctx context.Context, slot hfl.Slot) (hfl.Record, error) {
 	s.lookups.Add(1)
 	return s.Store.Lookup(ctx, slot)
 }
 
-func (s *slowStore) Wait(ctx context.Context, slot Slot, after uint64) (Record, error) {
+func (s *slowStore) Wait(ctx context.Context, slot hfl.Slot, after uint64) (hfl.Record, error) {
 	s.waits.Add(1)
 	if s.blockWaits {
 		<-ctx.Done()
-		return Record{}, ctx.Err()
+		return hfl.Record{}, ctx.Err()
 	}
 	return s.Store.Wait(ctx, slot, after)
 }
@@ -45,8 +46,8 @@ type memPeers struct {
 
 type memNet struct {
 	mu   sync.Mutex
-	locs map[string]*Locator // by address
-	down map[string]bool     // by node
+	locs map[string]*node // by address
+	down map[string]bool  // by node
 }
 
 func (p *memPeers) Message(ctx context.Context, addr, node string, msg []byte) ([]byte, error) {
@@ -59,32 +60,50 @@ func (p *memPeers) Message(ctx context.Context, addr, node string, msg []byte) (
 	return l.HandleMessage(ctx, p.from, msg)
 }
 
+// node is a locator of a notice cluster, with its protocol.
+type node struct {
+	*hfl.Locator
+	n *Protocol
+}
+
+// newNode makes a locator over store whose notices go through peers.
+func newNode(t testing.TB, ctx context.Context, store hfl.Store, local hfl.LocalIndex, peers Peers) *node {
+	t.Helper()
+	nd := &node{}
+	l, err := hfl.NewLocator(hfl.DefaultLocatorConfig(), store, local, func(env hfl.NoticeEnv) hfl.Notices {
+		nd.n = New(ctx, env, peers, nil)
+		return nd.n
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nd.Locator = l
+	return nd
+}
+
 // noticeCluster makes n locators sharing one store, with notices on.
-func noticeCluster(t *testing.T, n int, store *slowStore) ([]*Locator, *memNet) {
+func noticeCluster(t *testing.T, n int, store *slowStore) ([]*node, *memNet) {
 	t.Helper()
 	return noticeClusterOver(t, n, store)
 }
 
-func noticeClusterOver(t *testing.T, n int, store Store) ([]*Locator, *memNet) {
+func noticeClusterOver(t *testing.T, n int, store hfl.Store) ([]*node, *memNet) {
 	t.Helper()
-	return noticeClusterWith(t, n, store, func(int) LocalIndex { return nil })
+	return noticeClusterWith(t, n, store, func(int) hfl.LocalIndex { return nil })
 }
 
 // noticeClusterWith is noticeClusterOver with each node's first level.
-func noticeClusterWith(t *testing.T, n int, store Store, local func(i int) LocalIndex) ([]*Locator, *memNet) {
+func noticeClusterWith(t *testing.T, n int, store hfl.Store, local func(i int) hfl.LocalIndex) ([]*node, *memNet) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	net := &memNet{locs: map[string]*Locator{}, down: map[string]bool{}}
-	var locs []*Locator
-	var members []Member
+	net := &memNet{locs: map[string]*node{}, down: map[string]bool{}}
+	var locs []*node
+	var members []hfl.Member
 	for i := 0; i < n; i++ {
-		l, err := NewLocator(DefaultLocatorConfig(), store, local(i), &memPeers{from: fmt.Sprintf("n%d", i), net: net})
-		if err != nil {
-			t.Fatal(err)
-		}
+		l := newNode(t, ctx, store, local(i), &memPeers{from: fmt.Sprintf("n%d", i), net: net})
 		node, addr := fmt.Sprintf("n%d", i), fmt.Sprintf("10.0.0.%d:7447", i+1)
-		m := Member{Node: node, Transport: "mem", Addr: addr, Started: time.Now()}
+		m := hfl.Member{Node: node, Transport: "mem", Addr: addr, Started: time.Now()}
 		if err := l.Register(ctx, m, time.Minute); err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +112,7 @@ func noticeClusterWith(t *testing.T, n int, store Store, local func(i int) Local
 		locs = append(locs, l)
 	}
 	for i, l := range locs {
-		if err := l.StartNotices(ctx, members[i], nil); err != nil {
+		if err := l.StartNotices(ctx, members[i]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -102,16 +121,12 @@ func noticeClusterWith(t *testing.T, n int, store Store, local func(i int) Local
 
 // awaitHolder waits until path's home counts node among the holders of
 // path: a waiter of node has subscribed there.
-func awaitHolder(t *testing.T, locs []*Locator, path, node string) {
+func awaitHolder(t *testing.T, locs []*node, path, node string) {
 	t.Helper()
-	dir, name := splitPath(path)
+	dir, name := hfl.SplitPath(path)
 	poll.Until(t, 5*time.Second, path+": "+node+" registered at its home", func() bool {
 		for _, l := range locs {
-			n := l.notices.Load()
-			if n == nil {
-				continue
-			}
-			h := n.home
+			h := l.n.home
 			h.mu.Lock()
 			var held bool
 			if d := h.dirs[dir]; d != nil {
@@ -145,7 +160,7 @@ func TestNoticeWakesWaiterWithoutStore(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		path := fmt.Sprintf("run/f%d", i)
 		got := make(chan error, 1)
-		var rec Record
+		var rec hfl.Record
 		go func() {
 			var err error
 			rec, err = consumer.Wait(ctx, path, 0)
@@ -154,7 +169,7 @@ func TestNoticeWakesWaiterWithoutStore(t *testing.T) {
 		// The consumer subscribes first, as a consumer that waits
 		// before the producer starts does.
 		awaitHolder(t, locs, path, "n1")
-		pub, err := producer.Publish(ctx, Record{Path: path, Owner: "n0", Size: int64(i)})
+		pub, err := producer.Publish(ctx, hfl.Record{Path: path, Owner: "n0", Size: int64(i)}, aside)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,7 +184,7 @@ func TestNoticeWakesWaiterWithoutStore(t *testing.T) {
 		}
 		// Only committed records are kept.
 		for _, l := range locs {
-			if got, exists, _, ok := l.notices.Load().holder.lookup(path); ok && exists && got.Provisional {
+			if got, exists, _, ok := l.n.holder.lookup(path); ok && exists && got.Provisional {
 				t.Fatalf("%s: a node keeps a provisional record", path)
 			}
 		}
@@ -188,7 +203,7 @@ func TestNoticeAnswersLookupsFromHome(t *testing.T) {
 	ctx := context.Background()
 	for i := 0; i < 20; i++ {
 		path := fmt.Sprintf("d%d/f", i)
-		pub, err := locs[0].Publish(ctx, Record{Path: path, Owner: "n0"})
+		pub, err := locs[0].Publish(ctx, hfl.Record{Path: path, Owner: "n0"}, aside)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -204,13 +219,13 @@ func TestNoticeAnswersLookupsFromHome(t *testing.T) {
 			if rec.Generation != pub.Generation {
 				t.Fatalf("%s: got generation %d, want %d", path, rec.Generation, pub.Generation)
 			}
-			if lv == LevelCache {
+			if lv == hfl.LevelCache {
 				t.Fatalf("%s: found in a cache that was just emptied", path)
 			}
-			if lv == LevelHome && store.lookups.Load() != before {
+			if lv == hfl.LevelHome && store.lookups.Load() != before {
 				t.Fatalf("%s: answered by the home after a store lookup", path)
 			}
-			return lv == LevelHome
+			return lv == hfl.LevelHome
 		})
 	}
 	if locs[1].Stats().Hits["home"] == 0 {
@@ -236,7 +251,7 @@ func TestNoticeFallsBackOnStore(t *testing.T) {
 			got <- err
 		}()
 		poll.Until(t, 5*time.Second, path+": waiting", func() bool { return locs[1].WaitingPaths() > 0 })
-		if _, err := locs[0].Publish(ctx, Record{Path: path, Owner: "n0"}); err != nil {
+		if _, err := locs[0].Publish(ctx, hfl.Record{Path: path, Owner: "n0"}, aside); err != nil {
 			t.Fatal(err)
 		}
 		if err := <-got; err != nil {
@@ -257,17 +272,17 @@ func TestNoticeUnpublishForgetsAtHome(t *testing.T) {
 	ctx := context.Background()
 	for i := 0; i < 10; i++ {
 		path := fmt.Sprintf("u/f%d", i)
-		if _, err := locs[0].Publish(ctx, Record{Path: path, Owner: "n0"}); err != nil {
+		if _, err := locs[0].Publish(ctx, hfl.Record{Path: path, Owner: "n0"}, aside); err != nil {
 			t.Fatal(err)
 		}
-		if err := locs[0].Unpublish(ctx, path, RemoveCond{Owner: "n0"}, false); err != nil {
+		if err := locs[0].Unpublish(ctx, path, hfl.RemoveCond{Owner: "n0"}, false); err != nil {
 			t.Fatal(err)
 		}
 		// Sent aside: the home forgets soon.
 		poll.Until(t, 5*time.Second, path+": gone after unpublish", func() bool {
 			locs[1].Forget(path)
 			_, _, err := locs[1].Record(ctx, path)
-			return errors.Is(err, ErrNotFound)
+			return errors.Is(err, hfl.ErrNotFound)
 		})
 	}
 }
@@ -284,7 +299,7 @@ func TestNoticeWaitEndsWithContext(t *testing.T) {
 			t.Fatalf("wait: %v, want the context's deadline", err)
 		}
 	}
-	h := locs[1].notices.Load().holder
+	h := locs[1].n.holder
 	h.mu.Lock()
 	left := len(h.flights)
 	h.mu.Unlock()
@@ -309,7 +324,7 @@ func TestHandleMessageRefusesBadNotices(t *testing.T) {
 			t.Errorf("notice %q was taken", msg)
 		}
 	}
-	off, _ := NewLocator(DefaultLocatorConfig(), store, nil, nil)
+	off, _ := hfl.NewLocator(hfl.DefaultLocatorConfig(), store, nil, hfl.SingleNode)
 	if _, err := off.HandleMessage(ctx, "n9", []byte(`{"k":"ask","path":"a"}`)); err == nil {
 		t.Error("a locator without notices answered one")
 	}
@@ -323,13 +338,10 @@ func FuzzHandleMessage(f *testing.F) {
 	f.Add([]byte(`{"k":"brk","path":"a/b","rec":{"path":"a/b","owner":"n1","gen":8},"ls":true}`))
 	f.Add([]byte(`{"k":"pub","rec":{"path":"a/b","owner":"n1","size":2,"prov":true},"inline":{},"pn":3}` + "\x00ab"))
 	store := embedded.New()
-	l, err := NewLocator(DefaultLocatorConfig(), store, nil, &memPeers{from: "n0", net: &memNet{locs: map[string]*Locator{}, down: map[string]bool{}}})
-	if err != nil {
-		f.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f.Cleanup(cancel)
-	if err := l.StartNotices(ctx, Member{Node: "n0"}, nil); err != nil {
+	l := newNode(f, ctx, store, nil, &memPeers{from: "n0", net: &memNet{locs: map[string]*node{}, down: map[string]bool{}}})
+	if err := l.StartNotices(ctx, hfl.Member{Node: "n0"}); err != nil {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, msg []byte) {
@@ -338,20 +350,17 @@ func FuzzHandleMessage(f *testing.F) {
 }
 
 // joinNode starts one more node of a notice cluster, at addr.
-func joinNode(t *testing.T, ctx context.Context, store Store, net *memNet, node, addr string) *Locator {
+func joinNode(t *testing.T, ctx context.Context, store hfl.Store, net *memNet, name, addr string) *node {
 	t.Helper()
-	l, err := NewLocator(DefaultLocatorConfig(), store, nil, &memPeers{from: node, net: net})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := Member{Node: node, Transport: "mem", Addr: addr, Started: time.Now()}
+	l := newNode(t, ctx, store, nil, &memPeers{from: name, net: net})
+	m := hfl.Member{Node: name, Transport: "mem", Addr: addr, Started: time.Now()}
 	if err := l.Register(ctx, m, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	net.mu.Lock()
 	net.locs[addr] = l
 	net.mu.Unlock()
-	if err := l.StartNotices(ctx, m, nil); err != nil {
+	if err := l.StartNotices(ctx, m); err != nil {
 		t.Fatal(err)
 	}
 	return l
@@ -371,3 +380,11 @@ func TestNoticeJoinAnnouncesNewMember(t *testing.T) {
 		t.Error("a join naming another node was taken")
 	}
 }
+
+// The publishes of the locator's users, as options.
+var (
+	aside     = hfl.PublishOptions{Ahead: true}
+	closeTold = hfl.PublishOptions{Ahead: true, Tell: hfl.TellOnce}
+	told      = hfl.PublishOptions{Tell: hfl.TellSure}
+	claiming  = hfl.PublishOptions{Tell: hfl.TellSure, Claim: true}
+)

@@ -1,4 +1,4 @@
-package hfl
+package notice
 
 import (
 	"bytes"
@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/dyadfs/dyadfs/hfl"
 	"log/slog"
 	"sort"
 	"sync"
@@ -87,36 +88,11 @@ func currentTiming() timing {
 		timeout: noticeTimeout, refresh: membersRefresh, retry: membersRetry, handoff: handoff, silence: holderSilence}
 }
 
-// NoticeStats counts notices.
-type NoticeStats struct {
-	Members  int    `json:"members"`
-	Sent     uint64 `json:"sent"`
-	Received uint64 `json:"received"`
-	Failed   uint64 `json:"failed"`
-	// Breaks counts changes a home passed on to holders; Broken, the
-	// changes this node was told of as a holder.
-	Breaks uint64 `json:"breaks_sent"`
-	Broken uint64 `json:"breaks_received"`
-	// Holders and Promises: what this node keeps as a home, and holds.
-	Holders    int    `json:"holders"`
-	Promises   int    `json:"promises"`
-	WokenBy    uint64 `json:"waits_woken_by_notice"`
-	StoreWaits uint64 `json:"waits_on_store"`
-	// HomeWaits counts rewrites and removals that waited for a home that
-	// could not be reached to leave the members.
-	HomeWaits uint64 `json:"waits_for_dead_home"`
-	// SilentHolders counts holders this node, as a home, took for cut off
-	// (their promises dropped); Revoked, the times this node was told
-	// its promises from a home were dropped.
-	SilentHolders uint64 `json:"silent_holders"`
-	Revoked       uint64 `json:"promises_revoked"`
-}
-
 // A notice message. Kind says which fields count.
 type notice struct {
-	Kind   string  `json:"k"`
-	Rec    *Record `json:"rec,omitempty"`
-	Member *Member `json:"member,omitempty"`
+	Kind   string      `json:"k"`
+	Rec    *hfl.Record `json:"rec,omitempty"`
+	Member *hfl.Member `json:"member,omitempty"`
 	// Path is the path a notice is about (a directory for kindList).
 	Path  string `json:"path,omitempty"`
 	After uint64 `json:"after,omitempty"`
@@ -126,7 +102,7 @@ type notice struct {
 	// Ahead: a provisional record answers the ask too.
 	Ahead bool `json:"ahead,omitempty"`
 	// Inline is Rec's bytes, for a small file.
-	Inline *Inline `json:"inline,omitempty"`
+	Inline *hfl.Inline `json:"inline,omitempty"`
 	// Publish numbers an owner's publishes: its provisional and its
 	// committed notice of one publish carry the same number.
 	Publish uint64 `json:"pn,omitempty"`
@@ -149,15 +125,15 @@ const (
 	kindAsk         = "ask"   // node → home: Path, After, Ahead; registers the asker
 	kindList        = "list"  // node → home: Path (a directory); registers the asker for the listing
 	kindBreak       = "brk"   // home → holder: Path, Rec or Gen, Listing
-	kindJoin        = "join"  // a starting daemon → every member: Member
+	kindJoin        = "join"  // a starting daemon → every member: hfl.Member
 	kindRevoke      = "rvk"   // home → holder it took for cut off: its promises from the home are void
 )
 
 // reply answers a notice. Home is the answering home's incarnation, so
 // that a holder's promise names the daemon that made it.
 type reply struct {
-	Rec    *Record `json:"rec,omitempty"`
-	Inline *Inline `json:"inline,omitempty"`
+	Rec    *hfl.Record `json:"rec,omitempty"`
+	Inline *hfl.Inline `json:"inline,omitempty"`
 	// Known: the home knows the path's state (Rec, or Gen of its removal);
 	// if not, the asker reads the store.
 	Known bool      `json:"known,omitempty"`
@@ -170,7 +146,7 @@ type reply struct {
 // encodeNotice encodes a notice or a reply: JSON, followed, when it
 // carries a small file's bytes, by a NUL byte and the bytes. (JSON text
 // never holds a raw NUL, and decoding the JSON does not scan the bytes.)
-func encodeNotice(v any, in *Inline) ([]byte, error) {
+func encodeNotice(v any, in *hfl.Inline) ([]byte, error) {
 	b, err := json.Marshal(v)
 	if err != nil || in == nil {
 		return b, err
@@ -182,7 +158,7 @@ func encodeNotice(v any, in *Inline) ([]byte, error) {
 // decodeNotice decodes what encodeNotice encoded into v, and sets
 // *inline's bytes: a copy, since msg is the transport's. An inline without
 // bytes, or bytes without an inline, is an error.
-func decodeNotice(msg []byte, v any, inline **Inline) error {
+func decodeNotice(msg []byte, v any, inline **hfl.Inline) error {
 	head, data, withData := msg, []byte(nil), false
 	if i := bytes.IndexByte(msg, 0); i >= 0 {
 		head, data, withData = msg[:i], msg[i+1:], true
@@ -199,19 +175,23 @@ func decodeNotice(msg []byte, v any, inline **Inline) error {
 	return nil
 }
 
-// notices is the locator's part that sends and answers notices: the
-// members, the home side and the holder side.
-type notices struct {
-	l     *Locator
-	self  Member
+// Protocol sends and answers notices for one node: the members, the home
+// side and the holder side, and the calls of its locator (client.go).
+type Protocol struct {
+	env   hfl.NoticeEnv
 	peers Peers
 	log   *slog.Logger
 	ctx   context.Context // ends when the daemon stops
 	t     timing
 
+	// started is set, with self, once the node takes part (Start): only
+	// then does it answer other nodes.
+	started atomic.Bool
+	self    hfl.Member
+
 	mu      sync.Mutex
-	members []Member // live members, this node included, sorted by node
-	epoch   uint64   // grows with every change of members
+	members []hfl.Member // live members, this node included, sorted by node
+	epoch   uint64       // grows with every change of members
 	// since is when each member was first seen, for the handoff.
 	since map[string]time.Time
 
@@ -224,47 +204,57 @@ type notices struct {
 
 	// seen is every member this node saw, by node: where to tell a
 	// holder that left the members meanwhile that its promises are void.
-	seen map[string]Member
+	seen map[string]hfl.Member
 
 	sent, received, failed, breaks, broken, woken, storeWaits, homeWaits, silent, revoked atomic.Uint64
 }
 
-// StartNotices makes the locator send and answer notices through its
-// peers, as the member self (whose Started tells its incarnation); it
-// reads the members of the job now and again until ctx ends. HandleMessage
-// must receive the messages peers send. Without peers it does nothing.
-func (l *Locator) StartNotices(ctx context.Context, self Member, log *slog.Logger) error {
-	peers := l.peers
-	if peers == nil {
-		return nil
-	}
+// Over returns the notices of a node that exchanges them with the other
+// nodes of its job through peers (the transport's messages), for as long
+// as ctx lasts: what hfl.NewLocator takes.
+func Over(ctx context.Context, peers Peers, log *slog.Logger) hfl.NewNotices {
+	return func(env hfl.NoticeEnv) hfl.Notices { return New(ctx, env, peers, log) }
+}
+
+// New returns the protocol of a locator whose parts env names. Until
+// Start, it knows no members: every question goes to the store.
+func New(ctx context.Context, env hfl.NoticeEnv, peers Peers, log *slog.Logger) *Protocol {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	n := &notices{l: l, self: self, peers: peers, log: log, ctx: ctx, t: currentTiming(),
+	n := &Protocol{env: env, peers: peers, log: log, ctx: ctx, t: currentTiming(),
 		since: make(map[string]time.Time), refreshNow: make(chan struct{}, 1)}
 	n.home = newHomeSide(n)
 	n.holder = newHolderSide(n)
+	// Publish numbers start from the clock, so that they are not reused
+	// when the daemon restarts.
 	n.publish.Store(uint64(time.Now().UnixNano()))
-	if err := n.refresh(ctx); err != nil {
-		return err
-	}
-	l.notices.Store(n)
-	go n.keepMembers()
-	go n.home.sweep()
+	return n
+}
+
+// Start takes part in the job as the member self (whose Started tells its
+// incarnation): it reads the members now, and again now and then until
+// ctx ends, and tells the others it is here. A failure to read them is
+// returned, and reading goes on: the notices begin once the store answers.
+func (n *Protocol) Start(ctx context.Context, self hfl.Member) error {
+	n.self = self
+	n.started.Store(true)
+	err := n.refresh(ctx)
+	go n.keepMembers(ctx)
+	go n.home.sweep(ctx)
 	// Members read the list only now and again: tell them at once that
 	// this node is here, so that they count it in when choosing homes.
 	for _, m := range n.others() {
 		n.sendAside(m, notice{Kind: kindJoin, Member: &n.self})
 	}
-	return nil
+	return err
 }
 
 // others returns the members but this node.
-func (n *notices) others() []Member {
+func (n *Protocol) others() []hfl.Member {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	out := make([]Member, 0, len(n.members))
+	out := make([]hfl.Member, 0, len(n.members))
 	for _, m := range n.members {
 		if m.Node != n.self.Node {
 			out = append(out, m)
@@ -274,7 +264,7 @@ func (n *notices) others() []Member {
 }
 
 // setMembersLocked replaces the members, counting a change.
-func (n *notices) setMembersLocked(ms []Member) {
+func (n *Protocol) setMembersLocked(ms []hfl.Member) {
 	if sameMembers(n.members, ms) {
 		return
 	}
@@ -291,14 +281,14 @@ func (n *notices) setMembersLocked(ms []Member) {
 	n.members = ms
 	n.epoch++
 	if n.seen == nil {
-		n.seen = make(map[string]Member)
+		n.seen = make(map[string]hfl.Member)
 	}
 	for _, m := range ms {
 		n.seen[m.Node] = m
 	}
 }
 
-func sameMembers(a, b []Member) bool {
+func sameMembers(a, b []hfl.Member) bool {
 	if len(a) != len(b) {
 		return false
 	}
@@ -311,15 +301,15 @@ func sameMembers(a, b []Member) bool {
 }
 
 // joined adds or updates a member that announced itself.
-func (n *notices) joined(m Member) {
+func (n *Protocol) joined(m hfl.Member) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	ms := append([]Member(nil), n.members...)
+	ms := append([]hfl.Member(nil), n.members...)
 	i := sort.Search(len(ms), func(i int) bool { return ms[i].Node >= m.Node })
 	if i < len(ms) && ms[i].Node == m.Node {
 		ms[i] = m
 	} else {
-		ms = append(ms, Member{})
+		ms = append(ms, hfl.Member{})
 		copy(ms[i+1:], ms[i:])
 		ms[i] = m
 	}
@@ -327,37 +317,29 @@ func (n *notices) joined(m Member) {
 }
 
 // refresh reads the live members.
-func (n *notices) refresh(ctx context.Context) error {
-	vals, err := n.l.store.List(ctx, memberKey(n.l.cfg.Namespace, ""))
+func (n *Protocol) refresh(ctx context.Context) error {
+	ms, err := hfl.LiveMembers(ctx, n.env.Store, n.env.Keys.Namespace)
 	if err != nil {
-		return fmt.Errorf("list the members of namespace %s: %w", n.l.cfg.Namespace, err)
+		return err
 	}
-	ms := make([]Member, 0, len(vals))
-	for _, v := range vals {
-		var m Member
-		if json.Unmarshal(v, &m) == nil && m.Node != "" {
-			ms = append(ms, m)
-		}
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].Node < ms[j].Node })
 	n.mu.Lock()
 	n.setMembersLocked(ms)
 	n.mu.Unlock()
 	return nil
 }
 
-func (n *notices) keepMembers() {
+func (n *Protocol) keepMembers(ctx context.Context) {
 	t := time.NewTicker(n.t.refresh)
 	defer t.Stop()
 	for {
 		select {
-		case <-n.ctx.Done():
+		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-n.refreshNow:
 		}
-		ctx, cancel := context.WithTimeout(n.ctx, n.t.timeout)
-		if err := n.refresh(ctx); err != nil && n.ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, n.t.timeout)
+		if err := n.refresh(rctx); err != nil && ctx.Err() == nil {
 			n.log.Warn("cannot read the job's members; notices go to the members known", "err", err)
 		}
 		cancel()
@@ -366,7 +348,7 @@ func (n *notices) keepMembers() {
 
 // peerFailed notes that a peer could not be reached: the members are read
 // again soon.
-func (n *notices) peerFailed() {
+func (n *Protocol) peerFailed() {
 	n.failed.Add(1)
 	now := time.Now().UnixNano()
 	if last := n.lastFail.Load(); now-last < int64(n.t.retry) || !n.lastFail.CompareAndSwap(last, now) {
@@ -379,15 +361,15 @@ func (n *notices) peerFailed() {
 }
 
 // dirKey is the key a directory's home is chosen by.
-func (n *notices) dirKey(dir string) string {
+func (n *Protocol) dirKey(dir string) string {
 	if dir == "" {
-		return n.l.cfg.Namespace + "/"
+		return n.env.Keys.Namespace + "/"
 	}
-	return n.l.Key(dir)
+	return n.env.Keys.Key(dir)
 }
 
 // homeOf returns the home of directory dir and the members' epoch.
-func (n *notices) homeOf(dir string) (Member, uint64, bool) {
+func (n *Protocol) homeOf(dir string) (hfl.Member, uint64, bool) {
 	key := n.dirKey(dir)
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -397,21 +379,21 @@ func (n *notices) homeOf(dir string) (Member, uint64, bool) {
 
 // previousHome returns, if the home of dir joined less than handoff ago,
 // the home the others chose before it came.
-func (n *notices) previousHome(dir string) (Member, bool) {
+func (n *Protocol) previousHome(dir string) (hfl.Member, bool) {
 	key := n.dirKey(dir)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	h, ok := rendezvous(n.members, key, "")
 	if !ok || time.Since(n.since[h.Node]) >= n.t.handoff {
-		return Member{}, false
+		return hfl.Member{}, false
 	}
 	return rendezvous(n.members, key, h.Node)
 }
 
 // rendezvous returns the member that scores highest for key, skipping the
 // node skip.
-func rendezvous(members []Member, key, skip string) (Member, bool) {
-	var best Member
+func rendezvous(members []hfl.Member, key, skip string) (hfl.Member, bool) {
+	var best hfl.Member
 	var bestScore uint64
 	found := false
 	for _, m := range members {
@@ -441,7 +423,7 @@ func homeScore(node, key string) uint64 {
 	return h
 }
 
-func (n *notices) member(node string) (Member, bool) {
+func (n *Protocol) member(node string) (hfl.Member, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	m := n.memberLocked(node)
@@ -449,23 +431,23 @@ func (n *notices) member(node string) (Member, bool) {
 }
 
 // lastSeen returns node as this node last saw it among the members.
-func (n *notices) lastSeen(node string) (Member, bool) {
+func (n *Protocol) lastSeen(node string) (hfl.Member, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	m, ok := n.seen[node]
 	return m, ok
 }
 
-func (n *notices) memberLocked(node string) Member {
+func (n *Protocol) memberLocked(node string) hfl.Member {
 	i := sort.Search(len(n.members), func(i int) bool { return n.members[i].Node >= node })
 	if i < len(n.members) && n.members[i].Node == node {
 		return n.members[i]
 	}
-	return Member{}
+	return hfl.Member{}
 }
 
 // send delivers a notice to m and returns the reply.
-func (n *notices) send(ctx context.Context, m Member, msg notice) ([]byte, error) {
+func (n *Protocol) send(ctx context.Context, m hfl.Member, msg notice) ([]byte, error) {
 	b, err := encodeNotice(msg, msg.Inline)
 	if err != nil {
 		return nil, err
@@ -484,7 +466,7 @@ func (n *notices) send(ctx context.Context, m Member, msg notice) ([]byte, error
 }
 
 // sendAside sends a notice without waiting for it; failures only count.
-func (n *notices) sendAside(m Member, msg notice) {
+func (n *Protocol) sendAside(m hfl.Member, msg notice) {
 	go func() {
 		if _, err := n.send(n.ctx, m, msg); err != nil && n.ctx.Err() == nil {
 			n.log.Debug("notice not delivered", "to", m.Node, "kind", msg.Kind, "path", msg.Path, "err", err)
@@ -504,26 +486,21 @@ func decodeReply(b []byte) (reply, error) {
 
 // withBytes returns rec with a small file's bytes, if this node holds them
 // as its home or was sent them.
-func (n *notices) withBytes(rec Record) Record {
+func (n *Protocol) withBytes(rec hfl.Record) hfl.Record {
 	if rec = n.home.withHeld(rec); rec.Inline == nil {
 		rec = n.holder.attachBytes(rec)
 	}
 	return rec
 }
 
-// closedChan is a channel that is closed.
-var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
-
-// nextPublish numbers a publish of this node. Numbers start from the clock,
-// so that they are not reused when the daemon restarts.
-func (n *notices) nextPublish() uint64 { return n.publish.Add(1) }
+// nextPublish numbers a publish of this node.
+func (n *Protocol) nextPublish() uint64 { return n.publish.Add(1) }
 
 // HandleMessage answers a notice from node from (the transport's message
 // handler).
-func (l *Locator) HandleMessage(ctx context.Context, from string, msg []byte) ([]byte, error) {
-	n := l.notices.Load()
-	if n == nil {
-		return nil, errors.New("this node takes no notices")
+func (n *Protocol) HandleMessage(ctx context.Context, from string, msg []byte) ([]byte, error) {
+	if !n.started.Load() {
+		return nil, errors.New("this node takes no notices yet")
 	}
 	var in notice
 	if err := decodeNotice(msg, &in, &in.Inline); err != nil {
@@ -546,7 +523,7 @@ func (l *Locator) HandleMessage(ctx context.Context, from string, msg []byte) ([
 		}
 		rec := *in.Rec
 		rec.Inline = in.Inline
-		if _, err := CleanPath(rec.Path); err != nil || rec.Owner == "" || (rec.Owner != from && !in.Forwarded) || (rec.Generation == 0) != rec.Provisional {
+		if _, err := hfl.CleanPath(rec.Path); err != nil || rec.Owner == "" || (rec.Owner != from && !in.Forwarded) || (rec.Generation == 0) != rec.Provisional {
 			return nil, fmt.Errorf("bad notice: record %+v from %s", *in.Rec, from)
 		}
 		if !inlineFits(rec) {
@@ -555,20 +532,20 @@ func (l *Locator) HandleMessage(ctx context.Context, from string, msg []byte) ([
 		r := n.home.published(ctx, from, rec, in.Publish, in.Sync, in.Forwarded)
 		return encodeNotice(r, nil)
 	case kindUnpublished:
-		if _, err := CleanPath(in.Path); err != nil || in.Gen == 0 {
+		if _, err := hfl.CleanPath(in.Path); err != nil || in.Gen == 0 {
 			return nil, fmt.Errorf("bad notice: removal of %q at generation %d", in.Path, in.Gen)
 		}
 		r := n.home.unpublished(ctx, from, in.Path, in.Gen, in.Sync, in.Forwarded)
 		return encodeNotice(r, nil)
 	case kindAsk:
-		if _, err := CleanPath(in.Path); err != nil {
+		if _, err := hfl.CleanPath(in.Path); err != nil {
 			return nil, fmt.Errorf("bad notice: %w", err)
 		}
 		r := n.home.ask(from, in.Path, in.After, in.Ahead)
 		return encodeNotice(r, r.Inline)
 	case kindList:
 		if in.Path != "" {
-			if _, err := CleanPath(in.Path); err != nil {
+			if _, err := hfl.CleanPath(in.Path); err != nil {
 				return nil, fmt.Errorf("bad notice: %w", err)
 			}
 		}
@@ -577,7 +554,7 @@ func (l *Locator) HandleMessage(ctx context.Context, from string, msg []byte) ([
 		n.holder.revoked(from)
 		return nil, nil
 	case kindBreak:
-		if _, err := CleanPath(in.Path); err != nil {
+		if _, err := hfl.CleanPath(in.Path); err != nil {
 			return nil, fmt.Errorf("bad notice: %w", err)
 		}
 		if in.Rec != nil {
@@ -595,11 +572,11 @@ func (l *Locator) HandleMessage(ctx context.Context, from string, msg []byte) ([
 	return nil, fmt.Errorf("bad notice: unknown kind %q", in.Kind)
 }
 
-func (n *notices) stats() NoticeStats {
+func (n *Protocol) stats() hfl.NoticeStats {
 	n.mu.Lock()
 	members := len(n.members)
 	n.mu.Unlock()
-	return NoticeStats{Members: members, Sent: n.sent.Load(), Received: n.received.Load(), Failed: n.failed.Load(),
+	return hfl.NoticeStats{Members: members, Sent: n.sent.Load(), Received: n.received.Load(), Failed: n.failed.Load(),
 		Breaks: n.breaks.Load(), Broken: n.broken.Load(), Holders: n.home.holders(), Promises: n.holder.promises(),
 		WokenBy: n.woken.Load(), StoreWaits: n.storeWaits.Load(), HomeWaits: n.homeWaits.Load(),
 		SilentHolders: n.silent.Load(), Revoked: n.revoked.Load()}

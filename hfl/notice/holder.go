@@ -1,7 +1,8 @@
-package hfl
+package notice
 
 import (
 	"container/list"
+	"github.com/dyadfs/dyadfs/hfl"
 	"sort"
 	"sync"
 	"time"
@@ -22,15 +23,15 @@ const maxListing = 1 << 16
 // promise is a home's word to tell this node of any change of what it
 // covers.
 type promise struct {
-	home    Member // the home, with its incarnation (Started)
-	epoch   uint64 // the members' epoch it was last checked at
+	home    hfl.Member // the home, with its incarnation (Started)
+	epoch   uint64     // the members' epoch it was last checked at
 	expires time.Time
 }
 
 // known is what this node knows of one path.
 type known struct {
 	exists bool
-	rec    Record
+	rec    hfl.Record
 	gen    uint64 // of the record, or of its removal (0: never published)
 	p      promise
 	elem   *list.Element
@@ -39,17 +40,17 @@ type known struct {
 // knownListing is a directory's whole listing.
 type knownListing struct {
 	p    promise
-	recs map[string]Record // by name
+	recs map[string]hfl.Record // by name
 	// sorted is recs in name order, made when a listing is read and
 	// dropped when an entry changes.
-	sorted []Record
+	sorted []hfl.Record
 }
 
 // set changes one entry of the listing to rec, or removes it (at
 // generation gen), unless the entry is newer: changes can be told out of
 // order (this node's own publish returns after a newer one elsewhere was
 // told).
-func (l *knownListing) set(name string, rec Record, exists bool, gen uint64) {
+func (l *knownListing) set(name string, rec hfl.Record, exists bool, gen uint64) {
 	if old, ok := l.recs[name]; ok && old.Generation > gen {
 		return
 	}
@@ -63,7 +64,7 @@ func (l *knownListing) set(name string, rec Record, exists bool, gen uint64) {
 }
 
 type holderSide struct {
-	n *notices
+	n *Protocol
 
 	mu      sync.Mutex
 	known   map[string]*known
@@ -77,7 +78,7 @@ type holderSide struct {
 	tooLarge map[string]time.Time
 	// bytes keeps small files' bytes that answers and notices brought,
 	// for the open that follows the lookup (oldest first out).
-	bytes      map[string]Record
+	bytes      map[string]hfl.Record
 	bytesOrder []string
 	nbytes     int
 }
@@ -92,14 +93,14 @@ type flight struct {
 	broken bool
 }
 
-func newHolderSide(n *notices) *holderSide {
+func newHolderSide(n *Protocol) *holderSide {
 	return &holderSide{n: n, known: make(map[string]*known), order: list.New(), lists: make(map[string]*knownListing),
-		flights: make(map[string]*flight), bytes: make(map[string]Record),
+		flights: make(map[string]*flight), bytes: make(map[string]hfl.Record),
 		misses: make(map[string]missCount), tooLarge: make(map[string]time.Time)}
 }
 
 // promiseFrom makes the promise of a reply from home m, sent at sent.
-func (s *holderSide) promiseFrom(m Member, r reply, epoch uint64, sent time.Time) (promise, bool) {
+func (s *holderSide) promiseFrom(m hfl.Member, r reply, epoch uint64, sent time.Time) (promise, bool) {
 	if r.NoPromise || !r.Home.Equal(m.Started) {
 		return promise{}, false
 	}
@@ -129,8 +130,8 @@ func (s *holderSide) validLocked(p *promise, dir string, now time.Time) bool {
 
 // lookup returns what this node knows of p under a promise that holds:
 // from the path's own promise, or from its directory's listing.
-func (s *holderSide) lookup(p string) (rec Record, exists bool, gen uint64, ok bool) {
-	dir, name := splitPath(p)
+func (s *holderSide) lookup(p string) (rec hfl.Record, exists bool, gen uint64, ok bool) {
+	dir, name := hfl.SplitPath(p)
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -142,13 +143,13 @@ func (s *holderSide) lookup(p string) (rec Record, exists bool, gen uint64, ok b
 		rec, ok := l.recs[name]
 		return rec, ok, rec.Generation, true
 	}
-	return Record{}, false, 0, false
+	return hfl.Record{}, false, 0, false
 }
 
 // holds reports whether this node holds a promise for p itself (not only
 // through its directory's listing).
 func (s *holderSide) holds(p string) bool {
-	dir, _ := splitPath(p)
+	dir, _ := hfl.SplitPath(p)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := s.known[p]
@@ -157,7 +158,7 @@ func (s *holderSide) holds(p string) bool {
 
 // listing returns the listing of dir, in name order, under a promise that
 // holds. The slice is shared: callers do not change it.
-func (s *holderSide) listing(dir string) ([]Record, bool) {
+func (s *holderSide) listing(dir string) ([]hfl.Record, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := s.lists[dir]
@@ -165,7 +166,7 @@ func (s *holderSide) listing(dir string) ([]Record, bool) {
 		return nil, false
 	}
 	if l.sorted == nil {
-		l.sorted = make([]Record, 0, len(l.recs))
+		l.sorted = make([]hfl.Record, 0, len(l.recs))
 		for _, rec := range l.recs {
 			l.sorted = append(l.sorted, rec)
 		}
@@ -213,7 +214,7 @@ func (s *holderSide) endFlight(p string) (broken bool) {
 }
 
 // learn keeps what this node now knows of p, under promise pr (if ok).
-func (s *holderSide) learn(p string, rec Record, exists bool, gen uint64, pr promise, ok bool) {
+func (s *holderSide) learn(p string, rec hfl.Record, exists bool, gen uint64, pr promise, ok bool) {
 	if !ok {
 		return
 	}
@@ -223,7 +224,7 @@ func (s *holderSide) learn(p string, rec Record, exists bool, gen uint64, pr pro
 	s.learnLocked(p, rec, exists, gen, pr)
 }
 
-func (s *holderSide) learnLocked(p string, rec Record, exists bool, gen uint64, pr promise) {
+func (s *holderSide) learnLocked(p string, rec hfl.Record, exists bool, gen uint64, pr promise) {
 	k := s.known[p]
 	if k == nil {
 		k = &known{}
@@ -250,11 +251,11 @@ func (s *holderSide) learnLocked(p string, rec Record, exists bool, gen uint64, 
 }
 
 // learnListing keeps the whole listing of dir under pr.
-func (s *holderSide) learnListing(dir string, recs []Record, pr promise) {
+func (s *holderSide) learnListing(dir string, recs []hfl.Record, pr promise) {
 	if len(recs) > maxListing {
 		return
 	}
-	l := &knownListing{p: pr, recs: make(map[string]Record, len(recs))}
+	l := &knownListing{p: pr, recs: make(map[string]hfl.Record, len(recs))}
 	for _, rec := range recs {
 		rec.Inline = nil
 		l.recs[rec.Name()] = rec
@@ -269,8 +270,8 @@ func (s *holderSide) learnListing(dir string, recs []Record, pr promise) {
 // directory, if this node holds it, and as what this node knows of p,
 // unless it knows of a newer state (without a promise, if it had none:
 // the home's answer brings one).
-func (s *holderSide) madeHere(p string, rec Record, exists bool, gen uint64) {
-	dir, name := splitPath(p)
+func (s *holderSide) madeHere(p string, rec hfl.Record, exists bool, gen uint64) {
+	dir, name := hfl.SplitPath(p)
 	rec.Inline = nil
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -299,13 +300,13 @@ func (s *holderSide) knowsSince(p string, gen uint64) bool {
 
 // told returns the newest state of p this node knows, promised or not: a
 // change told, or made here.
-func (s *holderSide) told(p string) (rec Record, exists bool, gen uint64, ok bool) {
+func (s *holderSide) told(p string) (rec hfl.Record, exists bool, gen uint64, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if k := s.known[p]; k != nil {
 		return k.rec, k.exists, k.gen, true
 	}
-	return Record{}, false, 0, false
+	return hfl.Record{}, false, 0, false
 }
 
 // forget drops what this node knows of p.
@@ -319,7 +320,7 @@ func (s *holderSide) forget(p string) {
 }
 
 // keepBytes keeps the bytes rec carries, for a moment.
-func (s *holderSide) keepBytes(rec Record) {
+func (s *holderSide) keepBytes(rec hfl.Record) {
 	if rec.Inline == nil || rec.Provisional || !inlineFits(rec) {
 		return
 	}
@@ -352,7 +353,7 @@ func (s *holderSide) keepBytes(rec Record) {
 }
 
 // attachBytes returns rec with the bytes kept for exactly its version.
-func (s *holderSide) attachBytes(rec Record) Record {
+func (s *holderSide) attachBytes(rec hfl.Record) hfl.Record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if b, ok := s.bytes[rec.Path]; ok && b.Owner == rec.Owner && b.Generation == rec.Generation && b.Size == rec.Size && b.MtimeNs == rec.MtimeNs {
@@ -373,14 +374,14 @@ func (s *holderSide) brokenBy(msg notice) {
 // updated (listing: this node holds it; ended: no longer), waits for p
 // woken, and the managed directory told, to drop copies that are now
 // stale.
-func (s *holderSide) broken(from, p string, rec *Record, gen uint64, listing, ended, held bool) {
+func (s *holderSide) broken(from, p string, rec *hfl.Record, gen uint64, listing, ended, held bool) {
 	n := s.n
 	n.broken.Add(1)
-	dir, name := splitPath(p)
+	dir, name := hfl.SplitPath(p)
 	m, _ := n.member(from)
 	_, epoch, _ := n.homeOf(dir)
 	now := time.Now()
-	var state Record
+	var state hfl.Record
 	exists := rec != nil
 	if exists {
 		state = *rec
@@ -428,12 +429,12 @@ func (s *holderSide) broken(from, p string, rec *Record, gen uint64, listing, en
 	}
 	s.mu.Unlock()
 	if exists {
-		n.l.waits.fire(p, &state, false)
+		n.env.Waits.Fire(p, &state, false)
 	}
 	if exists && !state.Provisional {
 		s.keepBytes(state)
 	}
-	if local := n.l.local; local != nil && !state.Provisional && !stale {
+	if local := n.env.Local; local != nil && !state.Provisional && !stale {
 		if !exists {
 			state.Generation = gen // the removal's
 		}
@@ -456,7 +457,7 @@ func (s *holderSide) revoked(home string) {
 	n := s.n
 	n.revoked.Add(1)
 	dirs := make(map[string]struct{})
-	waiting := n.l.waits.paths()
+	waiting := n.env.Waits.Paths()
 	var rewait []string
 	s.mu.Lock()
 	for _, f := range s.flights {
@@ -469,7 +470,7 @@ func (s *holderSide) revoked(home string) {
 				rewait = append(rewait, p)
 			}
 			if len(dirs) < maxRevokedDirs {
-				dir, _ := splitPath(p)
+				dir, _ := hfl.SplitPath(p)
 				dirs[dir] = struct{}{}
 			}
 		}
@@ -482,10 +483,10 @@ func (s *holderSide) revoked(home string) {
 	}
 	s.mu.Unlock()
 	for _, p := range rewait {
-		n.l.waits.fire(p, nil, false) // the wait registers at the home again
+		n.env.Waits.Fire(p, nil, false) // the wait registers at the home again
 	}
 	n.log.Info("a home dropped this node's promises (it took it for cut off); what they covered is asked about again", "home", home, "directories", len(dirs))
-	if local := n.l.local; local != nil {
+	if local := n.env.Local; local != nil {
 		for dir := range dirs {
 			local.ListingDropped(dir)
 		}

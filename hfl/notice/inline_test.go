@@ -1,9 +1,10 @@
-package hfl
+package notice
 
 import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/dyadfs/dyadfs/hfl"
 	"hash/fnv"
 	"strings"
 	"testing"
@@ -14,8 +15,8 @@ import (
 	"github.com/dyadfs/dyadfs/hfl/store/embedded"
 )
 
-func inlineRec(path string, data []byte) Record {
-	return Record{Path: path, Owner: "n0", Size: int64(len(data)), MtimeNs: 42, Uid: 7, Gid: 8, Inline: &Inline{Data: data}}
+func inlineRec(path string, data []byte) hfl.Record {
+	return hfl.Record{Path: path, Owner: "n0", Size: int64(len(data)), MtimeNs: 42, Uid: 7, Gid: 8, Inline: &hfl.Inline{Data: data}}
 }
 
 // TestHeldDataVersions: a home gives bytes only the generation of the
@@ -24,8 +25,8 @@ func TestHeldDataVersions(t *testing.T) {
 	h := newHeldData()
 	first, second := inlineRec("p", []byte("one")), inlineRec("p", []byte("two"))
 	first.Provisional, second.Provisional = true, true
-	committed := func(gen uint64) Record {
-		return Record{Path: "p", Owner: "n0", Size: 3, MtimeNs: 42, Generation: gen}
+	committed := func(gen uint64) hfl.Record {
+		return hfl.Record{Path: "p", Owner: "n0", Size: 3, MtimeNs: 42, Generation: gen}
 	}
 
 	// In order: provisional, committed.
@@ -65,8 +66,8 @@ func TestHeldDataVersions(t *testing.T) {
 // going first, and the table's bookkeeping does not grow with rewrites.
 func TestHeldDataBound(t *testing.T) {
 	h := newHeldData()
-	data := make([]byte, InlineMax)
-	n := 2 * maxHeldBytes / InlineMax
+	data := make([]byte, hfl.InlineMax)
+	n := 2 * maxHeldBytes / hfl.InlineMax
 	for i := 0; i < n; i++ {
 		h.put(inlineRec(fmt.Sprintf("f%d", i), data), uint64(i+1))
 		if h.bytes > maxHeldBytes {
@@ -101,7 +102,7 @@ func TestNoticeCarriesSmallFiles(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		path := fmt.Sprintf("s/f%d", i)
 		data := bytes.Repeat([]byte{byte(i)}, i*100)
-		got := make(chan Record, 1)
+		got := make(chan hfl.Record, 1)
 		go func() {
 			rec, err := waiter.WaitAhead(ctx, path, 0)
 			if err != nil {
@@ -110,7 +111,7 @@ func TestNoticeCarriesSmallFiles(t *testing.T) {
 			got <- rec
 		}()
 		awaitHolder(t, locs, path, "n1")
-		pub, err := producer.Publish(ctx, inlineRec(path, data))
+		pub, err := producer.Publish(ctx, inlineRec(path, data), aside)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,29 +137,20 @@ func TestNoticeCarriesSmallFiles(t *testing.T) {
 		if rec, err := store.Lookup(ctx, producer.Slot(path)); err != nil || rec.Inline != nil {
 			t.Fatalf("%s: the store's record %+v, %v: want one without bytes", path, rec, err)
 		}
-		for _, l := range locs {
-			l.cache.mu.Lock()
-			for _, e := range l.cache.byKey {
-				if e.Value.(Record).Inline != nil {
-					t.Errorf("a cache keeps the bytes of %s", e.Value.(Record).Path)
-				}
-			}
-			l.cache.mu.Unlock()
-		}
 	}
 }
 
 // blockingLookups is a store whose lookups do not answer until their
 // context ends.
 type blockingLookups struct {
-	Store
+	hfl.Store
 	started chan struct{}
 }
 
-func (s *blockingLookups) Lookup(ctx context.Context, slot Slot) (Record, error) {
+func (s *blockingLookups) Lookup(ctx context.Context, slot hfl.Slot) (hfl.Record, error) {
 	s.started <- struct{}{}
 	<-ctx.Done()
-	return Record{}, ctx.Err()
+	return hfl.Record{}, ctx.Err()
 }
 
 // TestLocateWaitingTakesNoticeDuringLookup: a publish that lands while the
@@ -169,8 +161,8 @@ func TestLocateWaitingTakesNoticeDuringLookup(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	type found struct {
-		rec Record
-		lv  Level
+		rec hfl.Record
+		lv  hfl.Level
 		err error
 	}
 	got := make(chan found, 1)
@@ -185,9 +177,9 @@ func TestLocateWaitingTakesNoticeDuringLookup(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the store was never asked")
 	}
-	go locs[0].Publish(ctx, inlineRec("late/f", []byte("data")))
+	go locs[0].Publish(ctx, inlineRec("late/f", []byte("data")), aside)
 	f := <-got
-	if f.err != nil || f.lv != LevelHome || f.rec.Owner != "n0" || f.rec.Inline == nil || string(f.rec.Inline.Data) != "data" {
+	if f.err != nil || f.lv != hfl.LevelHome || f.rec.Owner != "n0" || f.rec.Inline == nil || string(f.rec.Inline.Data) != "data" {
 		t.Fatalf("LocateWaiting: %+v at %v, %v; want n0's record and bytes from a notice", f.rec, f.lv, f.err)
 	}
 }
@@ -201,7 +193,7 @@ func TestHandleMessageRefusesBadBytes(t *testing.T) {
 		prov + `,"inline":{"uid":1,"gid":1}}`,            // described, not sent
 		prov + "}\x00abc",                                // sent, not described
 		prov + `,"inline":{"uid":1,"gid":1}}` + "\x00ab", // not the record's size
-		strings.Replace(prov, `"size":3`, fmt.Sprintf(`"size":%d`, InlineMax+1), 1) + `,"inline":{}}` + "\x00" + strings.Repeat("x", InlineMax+1),
+		strings.Replace(prov, `"size":3`, fmt.Sprintf(`"size":%d`, hfl.InlineMax+1), 1) + `,"inline":{}}` + "\x00" + strings.Repeat("x", hfl.InlineMax+1),
 	} {
 		if _, err := locs[0].HandleMessage(ctx, "n9", []byte(msg)); err == nil {
 			t.Errorf("notice %.80q was taken", msg)

@@ -1,8 +1,10 @@
-package hfl
+package notice
 
 import (
 	"context"
+	"github.com/dyadfs/dyadfs/hfl"
 	"path"
+
 	"sync"
 	"time"
 )
@@ -26,7 +28,7 @@ const (
 )
 
 type homeSide struct {
-	n *notices
+	n *Protocol
 
 	mu       sync.Mutex
 	dirs     map[string]*homeDir
@@ -50,35 +52,27 @@ type homeDir struct {
 
 // homeEntry is what the home knows of one path, and its holders.
 type homeEntry struct {
-	known  bool   // a notice told the state (else askers read the store)
-	exists bool   // the state: rec, or removed at gen
-	rec    Record // without bytes (held apart)
+	known  bool       // a notice told the state (else askers read the store)
+	exists bool       // the state: rec, or removed at gen
+	rec    hfl.Record // without bytes (held apart)
 	gen    uint64
 	// holders: node -> when its promise was made or renewed.
 	holders map[string]time.Time
 }
 
 type aheadRecord struct {
-	rec Record
+	rec hfl.Record
 	at  time.Time
 }
 
-func newHomeSide(n *notices) *homeSide {
+func newHomeSide(n *Protocol) *homeSide {
 	return &homeSide{n: n, dirs: make(map[string]*homeDir), ahead: make(map[string]aheadRecord), held: newHeldData(),
 		revoking: make(map[string]time.Time)}
 }
 
-func splitPath(p string) (dir, name string) {
-	dir, name = path.Split(p)
-	if dir != "" {
-		dir = dir[:len(dir)-1]
-	}
-	return dir, name
-}
-
 // entryLocked returns the entry of p, made if need be.
 func (h *homeSide) entryLocked(p string) (*homeDir, *homeEntry) {
-	dir, name := splitPath(p)
+	dir, name := hfl.SplitPath(p)
 	d := h.dirs[dir]
 	if d == nil {
 		d = &homeDir{entries: make(map[string]*homeEntry)}
@@ -160,7 +154,7 @@ func (h *homeSide) takeTargetsLocked(d *homeDir, e *homeEntry, from string, now 
 // holders, which wait for it; a committed or a writing one becomes the
 // path's state, told to every holder (all of them before the reply, with
 // sync). The owner becomes a holder.
-func (h *homeSide) published(ctx context.Context, from string, rec Record, publish uint64, sync, forwarded bool) reply {
+func (h *homeSide) published(ctx context.Context, from string, rec hfl.Record, publish uint64, sync, forwarded bool) reply {
 	n := h.n
 	now := time.Now()
 	r := reply{Home: n.self.Started}
@@ -199,7 +193,7 @@ func (h *homeSide) published(ctx context.Context, from string, rec Record, publi
 		h.held.drop(rec.Path, "")
 	} else {
 		if inline != nil {
-			h.held.put(Record{Path: rec.Path, Owner: rec.Owner, Size: rec.Size, MtimeNs: rec.MtimeNs, Inline: inline}, publish)
+			h.held.put(hfl.Record{Path: rec.Path, Owner: rec.Owner, Size: rec.Size, MtimeNs: rec.MtimeNs, Inline: inline}, publish)
 		}
 		h.held.commit(rec, publish)
 	}
@@ -260,7 +254,7 @@ func (h *homeSide) unpublished(ctx context.Context, from, p string, gen uint64, 
 	if !e.known {
 		h.nknown++
 	}
-	e.known, e.exists, e.rec, e.gen = true, false, Record{}, gen
+	e.known, e.exists, e.rec, e.gen = true, false, hfl.Record{}, gen
 	h.held.drop(p, "")
 	delete(h.ahead, p)
 	if forwarded {
@@ -302,8 +296,8 @@ func (h *homeSide) forward(ctx context.Context, msg notice, from string) {
 	} else {
 		p = msg.Path
 	}
-	dir, _ := splitPath(p)
-	var to []Member
+	dir, _ := hfl.SplitPath(p)
+	var to []hfl.Member
 	if cur, _, ok := n.homeOf(dir); ok && cur.Node != n.self.Node {
 		to = append(to, cur)
 	} else if prev, ok := n.previousHome(dir); ok && prev.Node != n.self.Node {
@@ -530,7 +524,7 @@ func (h *homeSide) revoke(node string) {
 
 // keepAheadLocked keeps a provisional record for consumers that ask for it
 // before its committed record arrives.
-func (h *homeSide) keepAheadLocked(rec Record, now time.Time) {
+func (h *homeSide) keepAheadLocked(rec hfl.Record, now time.Time) {
 	if len(h.ahead) >= maxAhead {
 		for p, a := range h.ahead {
 			if now.Sub(a.at) >= aheadTTL {
@@ -569,12 +563,12 @@ func (h *homeSide) evictLocked() {
 }
 
 // sweep forgets promises that ran out, until the daemon stops.
-func (h *homeSide) sweep() {
+func (h *homeSide) sweep(ctx context.Context) {
 	t := time.NewTicker(h.n.t.promiseTTL / 2)
 	defer t.Stop()
 	for {
 		select {
-		case <-h.n.ctx.Done():
+		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
@@ -624,7 +618,7 @@ func (h *homeSide) holders() int {
 }
 
 // withHeld returns rec with its bytes, if this node holds them.
-func (h *homeSide) withHeld(rec Record) Record {
+func (h *homeSide) withHeld(rec hfl.Record) hfl.Record {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.held.attach(rec)

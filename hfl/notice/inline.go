@@ -1,14 +1,11 @@
-package hfl
+package notice
 
-// InlineMax is the size of the largest file whose bytes travel with the
-// notices of its publish. For a file this small the transfer's round trip,
-// and the owner's open and send, cost more than the bytes themselves.
-const InlineMax = 16 << 10
+import "github.com/dyadfs/dyadfs/hfl"
 
 // inlineFits reports whether rec carries no bytes, or exactly its size of
 // them within InlineMax.
-func inlineFits(rec Record) bool {
-	return rec.Inline == nil || (rec.Size <= InlineMax && int64(len(rec.Inline.Data)) == rec.Size)
+func inlineFits(rec hfl.Record) bool {
+	return rec.Inline == nil || (rec.Size <= hfl.InlineMax && int64(len(rec.Inline.Data)) == rec.Size)
 }
 
 // maxHeldBytes bounds the bytes of small files a home keeps.
@@ -35,7 +32,7 @@ type heldEntry struct {
 	size       int64
 	mtimeNs    int64
 	generation uint64
-	in         *Inline
+	in         *hfl.Inline
 	slot       uint64
 }
 
@@ -48,7 +45,7 @@ func newHeldData() *heldData { return &heldData{byPath: make(map[string]heldEntr
 
 // put keeps the bytes rec carries, sent with publish number publish of
 // its owner, replacing what was held for its path.
-func (h *heldData) put(rec Record, publish uint64) {
+func (h *heldData) put(rec hfl.Record, publish uint64) {
 	if rec.Inline == nil {
 		return
 	}
@@ -93,7 +90,7 @@ func (h *heldData) compact() {
 
 // commit gives the bytes of publish number publish of rec's owner, if held,
 // rec's generation.
-func (h *heldData) commit(rec Record, publish uint64) {
+func (h *heldData) commit(rec hfl.Record, publish uint64) {
 	e, ok := h.byPath[rec.Path]
 	if ok && publish != 0 && e.publish == publish && e.owner == rec.Owner && e.size == rec.Size && e.mtimeNs == rec.MtimeNs {
 		e.generation = rec.Generation
@@ -102,7 +99,7 @@ func (h *heldData) commit(rec Record, publish uint64) {
 }
 
 // attach returns rec with the bytes held for exactly its version.
-func (h *heldData) attach(rec Record) Record {
+func (h *heldData) attach(rec hfl.Record) hfl.Record {
 	e, ok := h.byPath[rec.Path]
 	if ok && e.owner == rec.Owner && e.size == rec.Size && e.mtimeNs == rec.MtimeNs && e.generation == rec.Generation {
 		rec.Inline = e.in

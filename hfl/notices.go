@@ -1,0 +1,284 @@
+package hfl
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"sync"
+)
+
+// Notices keeps this node's view of the namespace coherent with the other
+// nodes' without a round trip through the global store on every lookup:
+// the notice protocol (package notice) where several nodes share the
+// store, SingleNode where one daemon does. The locator receives it in its
+// constructor (see NewNotices) and leaves everything that crosses nodes
+// to it.
+type Notices interface {
+	// Start takes part in the job as the member self (whose Started tells
+	// its incarnation), until ctx ends. Before it, nothing is told or
+	// asked: every answer comes from the store.
+	Start(ctx context.Context, self Member) error
+	// Publish commits rec with commit and tells the nodes that hold its
+	// path, as o says; inline is a small file's bytes, sent with the
+	// record when it goes ahead of the commit.
+	Publish(ctx context.Context, rec Record, inline *Inline, o PublishOptions, commit func(context.Context) (Record, error)) (Record, error)
+	// Removed tells that this node removed path's record at generation
+	// gen; with sync it returns once the path's holders were told.
+	Removed(ctx context.Context, path string, gen uint64, sync bool)
+	// Forget drops what this node knows of path.
+	Forget(path string)
+	// State returns what the job's namespace has at path (see
+	// Locator.State).
+	State(ctx context.Context, path string) (State, error)
+	// LocateWaiting, Await, Hold and HoldListing: see the locator's
+	// methods of these names.
+	LocateWaiting(ctx context.Context, w *Watch, ahead bool) (Record, Level, error)
+	Await(ctx context.Context, w *Watch, after uint64, ahead bool) (Record, error)
+	// List returns the whole listing of directory dir, if this node
+	// holds it or, for the first page (first), reads it under the home's
+	// promise; ok is false when the caller is to read the store's page.
+	List(ctx context.Context, dir string, first bool) (recs []Record, ok bool, err error)
+	Hold(ctx context.Context, path string)
+	HoldListing(ctx context.Context, dir string)
+	// HomeOf returns the node that is the home of path ("" if none).
+	HomeOf(path string) string
+	// Told returns the newest state of path this node knows of, promised
+	// or not (see Locator.Told).
+	Told(path string) (rec Record, exists, ok bool)
+	// HandleMessage answers a message of node from.
+	HandleMessage(ctx context.Context, from string, msg []byte) ([]byte, error)
+	// CarriesBytes reports whether a small file's bytes travel with the
+	// notices of its publish (see Record.Inline).
+	CarriesBytes() bool
+	// Stats returns the notices' counters (nil for none) and how many
+	// records this node keeps.
+	Stats() (*NoticeStats, int)
+}
+
+// NoticeEnv is what a locator gives its notices: its keys, its store, its
+// managed directory and its waits, so that both see the same.
+type NoticeEnv struct {
+	Keys  Keyspace
+	Store Store
+	// Local is the managed directory, told of changes made elsewhere; nil
+	// for none.
+	Local LocalIndex
+	// Waits are the waits for paths, which a change told ends.
+	Waits *Waits
+	// CacheSize bounds the records kept.
+	CacheSize int
+}
+
+// InlineMax is the size of the largest file whose bytes travel with the
+// notices of its publish. For a file this small the transfer's round trip,
+// and the owner's open and send, cost more than the bytes themselves.
+const InlineMax = 16 << 10
+
+// NewNotices makes a locator's notices.
+type NewNotices func(NoticeEnv) Notices
+
+// Tell says when a publish returns, against the path's home telling the
+// nodes that hold the path.
+type Tell int
+
+const (
+	// TellAside returns once the store committed; the home is told in
+	// the background, retried.
+	TellAside Tell = iota
+	// TellOnce also waits until the home told every holder, for one
+	// try; a home that does not answer is told aside. A writer's close
+	// (close-to-open) must not hang on a node that died.
+	TellOnce
+	// TellSure waits until the home told every holder; a home that
+	// cannot be reached is waited for until it left the members. A
+	// rename or a rewrite's claim must not leave holders serving what
+	// changed.
+	TellSure
+)
+
+// PublishOptions say how a publish goes.
+type PublishOptions struct {
+	// Ahead tells the path's home of the record, with a small file's
+	// bytes, before the store commits it: consumers that wait need not
+	// wait for the commit, since the owner serves the file from then on.
+	Ahead bool
+	Tell  Tell
+	// Claim records that this node rewrites a file published before: the
+	// record (with its last complete version's attributes) is committed
+	// with Writing set, so that no node serves its copy any more. The next
+	// publish ends the claim.
+	Claim bool
+}
+
+// SingleNode is the notices of a daemon that shares its store with no
+// other: nothing changes unseen, so the records it published or looked up
+// are kept (a bounded LRU) and nothing is told.
+func SingleNode(env NoticeEnv) Notices {
+	return &singleNode{env: env, cache: newRecordCache(env.CacheSize)}
+}
+
+type singleNode struct {
+	env   NoticeEnv
+	cache *recordCache
+}
+
+func (s *singleNode) Start(context.Context, Member) error { return nil }
+
+func (s *singleNode) Publish(ctx context.Context, rec Record, _ *Inline, _ PublishOptions, commit func(context.Context) (Record, error)) (Record, error) {
+	out, err := commit(ctx)
+	if err == nil {
+		s.cache.put(out)
+	}
+	return out, err
+}
+
+func (s *singleNode) Removed(_ context.Context, path string, _ uint64, _ bool) { s.cache.remove(path) }
+func (s *singleNode) Forget(path string)                                       { s.cache.remove(path) }
+
+func (s *singleNode) State(ctx context.Context, path string) (State, error) {
+	if rec, ok := s.cache.get(path); ok {
+		return State{Rec: rec, Exists: true, Gen: rec.Generation, Level: LevelCache}, nil
+	}
+	rec, err := s.env.Store.Lookup(ctx, s.env.Keys.Slot(path))
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return State{Level: LevelGlobal}, nil
+	case err != nil:
+		return State{Level: LevelGlobal}, err
+	}
+	s.cache.put(rec)
+	return State{Rec: rec, Exists: true, Gen: rec.Generation, Level: LevelGlobal}, nil
+}
+
+func (s *singleNode) LocateWaiting(ctx context.Context, w *Watch, _ bool) (Record, Level, error) {
+	st, err := s.State(ctx, w.path)
+	if err == nil && !st.Exists {
+		err = ErrNotFound
+	}
+	return st.Rec, st.Level, err
+}
+
+func (s *singleNode) Await(ctx context.Context, w *Watch, after uint64, _ bool) (Record, error) {
+	if w.Fired() {
+		return Record{}, ErrChangedHere
+	}
+	wctx, cancel := w.CancelOnChange(ctx)
+	defer cancel()
+	rec, err := s.env.Store.Wait(wctx, s.env.Keys.Slot(w.path), after)
+	switch {
+	case err == nil:
+		s.cache.put(rec)
+		return rec, nil
+	case ctx.Err() != nil:
+		return Record{}, ctx.Err()
+	case w.Fired():
+		return Record{}, ErrChangedHere
+	}
+	return Record{}, err
+}
+
+func (s *singleNode) List(context.Context, string, bool) ([]Record, bool, error) {
+	return nil, false, nil
+}
+
+func (s *singleNode) Hold(context.Context, string)        {}
+func (s *singleNode) HoldListing(context.Context, string) {}
+func (s *singleNode) HomeOf(string) string                { return "" }
+
+func (s *singleNode) Told(path string) (Record, bool, bool) {
+	rec, ok := s.cache.get(path) // its publishes, and records it looked up
+	return rec, ok, ok
+}
+
+func (s *singleNode) HandleMessage(context.Context, string, []byte) ([]byte, error) {
+	return nil, errors.New("this node takes no notices")
+}
+
+func (s *singleNode) CarriesBytes() bool         { return false }
+func (s *singleNode) Stats() (*NoticeStats, int) { return nil, s.cache.len() }
+
+// NoticeStats counts notices.
+type NoticeStats struct {
+	Members  int    `json:"members"`
+	Sent     uint64 `json:"sent"`
+	Received uint64 `json:"received"`
+	Failed   uint64 `json:"failed"`
+	// Breaks counts changes a home passed on to holders; Broken, the
+	// changes this node was told of as a holder.
+	Breaks uint64 `json:"breaks_sent"`
+	Broken uint64 `json:"breaks_received"`
+	// Holders and Promises: what this node keeps as a home, and holds.
+	Holders    int    `json:"holders"`
+	Promises   int    `json:"promises"`
+	WokenBy    uint64 `json:"waits_woken_by_notice"`
+	StoreWaits uint64 `json:"waits_on_store"`
+	// HomeWaits counts rewrites and removals that waited for a home that
+	// could not be reached to leave the members.
+	HomeWaits uint64 `json:"waits_for_dead_home"`
+	// SilentHolders counts holders this node, as a home, took for cut off
+	// (their promises dropped); Revoked, the times this node was told
+	// its promises from a home were dropped.
+	SilentHolders uint64 `json:"silent_holders"`
+	Revoked       uint64 `json:"promises_revoked"`
+}
+
+// recordCache is a bounded LRU of records keyed by path.
+type recordCache struct {
+	mu    sync.Mutex
+	max   int
+	order *list.List // front: most recently used
+	byKey map[string]*list.Element
+}
+
+func newRecordCache(max int) *recordCache {
+	return &recordCache{max: max, order: list.New(), byKey: make(map[string]*list.Element)}
+}
+
+func (c *recordCache) get(path string) (Record, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.byKey[path]
+	if !ok {
+		return Record{}, false
+	}
+	c.order.MoveToFront(e)
+	return e.Value.(Record), true
+}
+
+func (c *recordCache) put(rec Record) {
+	if c.max == 0 {
+		return
+	}
+	rec.Inline = nil
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.byKey[rec.Path]; ok {
+		// Never let an older generation replace a newer one.
+		if e.Value.(Record).Generation <= rec.Generation {
+			e.Value = rec
+		}
+		c.order.MoveToFront(e)
+		return
+	}
+	c.byKey[rec.Path] = c.order.PushFront(rec)
+	for c.order.Len() > c.max {
+		last := c.order.Back()
+		c.order.Remove(last)
+		delete(c.byKey, last.Value.(Record).Path)
+	}
+}
+
+func (c *recordCache) remove(path string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.byKey[path]; ok {
+		c.order.Remove(e)
+		delete(c.byKey, path)
+	}
+}
+
+func (c *recordCache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.order.Len()
+}
