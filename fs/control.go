@@ -138,8 +138,25 @@ type controlDirNode struct{ gofs.Inode }
 
 // Getattr implements gofs.NodeGetattrer.
 func (c *controlDirNode) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = syscall.S_IFDIR | 0o555
-	out.Nlink = 2
+	return readOnlyAttr(out, readOnlyDir)
+}
+
+// The modes of the directories and files dyadfs makes up: the control
+// tree's, and the placeholders of what is not here yet.
+const (
+	readOnlyDir  = syscall.S_IFDIR | 0o555
+	readOnlyFile = syscall.S_IFREG | 0o444
+)
+
+// readOnlyAttr gives out the attributes of a directory or file dyadfs
+// makes up, of mode readOnlyDir or readOnlyFile. The kernel must not
+// cache them: what such a node stands for changes.
+func readOnlyAttr(out *fuse.AttrOut, mode uint32) syscall.Errno {
+	out.Mode = mode
+	out.Nlink = 1
+	if mode&syscall.S_IFMT == syscall.S_IFDIR {
+		out.Nlink = 2
+	}
 	out.SetTimeout(zero)
 	return 0
 }
@@ -154,10 +171,7 @@ type jsonFile struct {
 
 // Getattr implements gofs.NodeGetattrer.
 func (j *jsonFile) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = syscall.S_IFREG | 0o444
-	out.Nlink = 1
-	out.SetTimeout(zero)
-	return 0
+	return readOnlyAttr(out, readOnlyFile)
 }
 
 // Open implements gofs.NodeOpener.
@@ -197,7 +211,7 @@ func (l *locateDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	if pub, err := loc.Published(ctx, rel); err == nil {
 		located.Published = &pub
 	}
-	out.Mode = syscall.S_IFREG | 0o444
+	out.Mode = readOnlyFile
 	out.Nlink = 1
 	out.SetEntryTimeout(zero)
 	out.SetAttrTimeout(zero)

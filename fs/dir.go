@@ -19,18 +19,9 @@ func (n *node) reserved(name string) bool { return n.isRoot() && name == dmd.Int
 // Mkdir implements gofs.NodeMkdirer. The directory is published, so that
 // every node shows it.
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.reserved(name) {
-		return nil, syscall.EEXIST
-	}
-	ch, errno := n.mkdirHere(ctx, name, mode, out)
-	if errno == 0 {
-		n.fsys.cached(out)
-		rel := n.childRel(name)
-		// A reader waiting for a file of that name gives up.
-		n.fsys.dmd.Changed(ctx, rel)
-		n.fsys.dmd.Made(ctx, rel)
-	}
-	return ch, errno
+	return n.makePublished(ctx, name, out, func() (*gofs.Inode, syscall.Errno) {
+		return n.mkdirHere(ctx, name, mode, out)
+	})
 }
 
 // Mknod implements gofs.NodeMknoder.
@@ -53,13 +44,22 @@ func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 // Symlink implements gofs.NodeSymlinker. The link is published, so that
 // every node shows it; readers follow it to the files it names.
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return n.makePublished(ctx, name, out, func() (*gofs.Inode, syscall.Errno) {
+		return n.symlinkHere(ctx, target, name, out)
+	})
+}
+
+// makePublished makes the directory or link name with mk, unless name is
+// reserved, and publishes it, so that every node shows it.
+func (n *node) makePublished(ctx context.Context, name string, out *fuse.EntryOut, mk func() (*gofs.Inode, syscall.Errno)) (*gofs.Inode, syscall.Errno) {
 	if n.reserved(name) {
 		return nil, syscall.EEXIST
 	}
-	ch, errno := n.symlinkHere(ctx, target, name, out)
+	ch, errno := mk()
 	if errno == 0 {
 		n.fsys.cached(out)
 		rel := n.childRel(name)
+		// A reader waiting for a file of that name gives up.
 		n.fsys.dmd.Changed(ctx, rel)
 		n.fsys.dmd.Made(ctx, rel)
 	}

@@ -119,10 +119,10 @@ func (fsys *FS) lookupMissing(ctx context.Context, parent *gofs.Inode, rel strin
 	switch intent {
 	case caller.OpenFile:
 		fsys.intent.openFile.Add(1)
-		return fsys.pending(ctx, parent, &pendingFile{fsys: fsys, rel: rel}, syscall.S_IFREG|0o444, out), 0
+		return fsys.pending(ctx, parent, &pendingFile{fsys: fsys, rel: rel}, readOnlyFile, out), 0
 	case caller.Traverse:
 		fsys.intent.traverse.Add(1)
-		return fsys.pending(ctx, parent, &pendingDir{fsys: fsys, rel: rel}, syscall.S_IFDIR|0o555, out), 0
+		return fsys.pending(ctx, parent, &pendingDir{fsys: fsys, rel: rel}, readOnlyDir, out), 0
 	case caller.Other:
 		fsys.intent.other.Add(1)
 	default:
@@ -179,10 +179,7 @@ func (p *pendingDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut
 
 // Getattr implements gofs.NodeGetattrer.
 func (p *pendingDir) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = syscall.S_IFDIR | 0o555
-	out.Nlink = 2
-	out.SetTimeout(zero)
-	return 0
+	return readOnlyAttr(out, readOnlyDir)
 }
 
 // pendingFile stands for a file that a reader is opening but that is not
@@ -197,15 +194,13 @@ type pendingFile struct {
 // Getattr implements gofs.NodeGetattrer: through an open handle it is the
 // real file's attributes.
 func (p *pendingFile) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.SetTimeout(zero)
 	if fga, ok := f.(gofs.FileGetattrer); ok {
+		out.SetTimeout(zero)
 		errno := fga.Getattr(ctx, out)
 		out.Ino = p.StableAttr().Ino
 		return errno
 	}
-	out.Mode = syscall.S_IFREG | 0o444
-	out.Nlink = 1
-	return 0
+	return readOnlyAttr(out, readOnlyFile)
 }
 
 // Open implements gofs.NodeOpener.

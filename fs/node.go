@@ -25,7 +25,8 @@ type node struct {
 }
 
 // Every interface a node implements beyond the embedded loopback's is
-// checked here, once.
+// checked here, once, and so are those of the nodes that stand for what
+// is not here (remote, pending) and of the control tree's.
 var (
 	_ gofs.NodeLookuper       = (*node)(nil)
 	_ gofs.NodeGetattrer      = (*node)(nil)
@@ -48,8 +49,13 @@ var (
 	_ gofs.NodeReadlinker     = (*node)(nil)
 	_ gofs.NodeStatfser       = (*node)(nil)
 
+	_ gofs.NodeGetattrer  = (*remoteNode)(nil)
+	_ gofs.NodeSetattrer  = (*remoteNode)(nil)
+	_ gofs.NodeOpener     = (*remoteNode)(nil)
+	_ gofs.NodeReadlinker = (*remoteNode)(nil)
+	_ gofs.NodeGetxattrer = (*remoteNode)(nil)
+
 	_ gofs.NodeLookuper  = (*pendingDir)(nil)
-	_ gofs.NodeFlusher   = (*node)(nil)
 	_ gofs.NodeGetattrer = (*pendingDir)(nil)
 	_ gofs.NodeGetattrer = (*pendingFile)(nil)
 	_ gofs.NodeOpener    = (*pendingFile)(nil)

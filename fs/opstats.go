@@ -109,3 +109,28 @@ type countingFS struct {
 func newCountingFS(inner fuse.RawFileSystem, s *opStats) *countingFS {
 	return &countingFS{RawFileSystem: inner, s: s}
 }
+
+// opTimer times one request from its start. The generated wrappers pass
+// the wrapped call's results through it, so that each is one line.
+type opTimer struct {
+	s     *opStats
+	op    int
+	start time.Time
+}
+
+func (s *opStats) start(op int) opTimer { return opTimer{s: s, op: op, start: time.Now()} }
+
+// status records the request's end with st, and returns st.
+func (t opTimer) status(st fuse.Status) fuse.Status {
+	t.s.record(t.op, t.start, st)
+	return st
+}
+
+// valueTimer times a request that returns a value besides its status. It
+// is a generic type because a method cannot have type parameters.
+type valueTimer[T any] struct{ opTimer }
+
+func startValue[T any](s *opStats, op int) valueTimer[T] { return valueTimer[T]{s.start(op)} }
+
+// done records the request's end with st, and returns r and st.
+func (t valueTimer[T]) done(r T, st fuse.Status) (T, fuse.Status) { return r, t.status(st) }

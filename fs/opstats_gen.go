@@ -2,11 +2,7 @@
 
 package fs
 
-import (
-	"time"
-
-	"github.com/hanwen/go-fuse/v2/fuse"
-)
+import "github.com/hanwen/go-fuse/v2/fuse"
 
 // The FUSE requests counted, one per kind.
 const (
@@ -93,272 +89,161 @@ var opNames = [numOps]string{
 }
 
 func (c *countingFS) Access(a0 <-chan struct{}, a1 *fuse.AccessIn) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.Access(a0, a1)
-	c.s.record(opAccess, t, st)
-	return st
+	return c.s.start(opAccess).status(c.RawFileSystem.Access(a0, a1))
 }
 
 func (c *countingFS) CopyFileRange(a0 <-chan struct{}, a1 *fuse.CopyFileRangeIn) (uint32, fuse.Status) {
-	t := time.Now()
-	r0, st := c.RawFileSystem.CopyFileRange(a0, a1)
-	c.s.record(opCopyFileRange, t, st)
-	return r0, st
+	return startValue[uint32](c.s, opCopyFileRange).done(c.RawFileSystem.CopyFileRange(a0, a1))
 }
 
 func (c *countingFS) Create(a0 <-chan struct{}, a1 *fuse.CreateIn, a2 string, a3 *fuse.CreateOut) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.Create(a0, a1, a2, a3)
-	c.s.record(opCreate, t, st)
-	return st
+	return c.s.start(opCreate).status(c.RawFileSystem.Create(a0, a1, a2, a3))
 }
 
 func (c *countingFS) Fallocate(a0 <-chan struct{}, a1 *fuse.FallocateIn) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.Fallocate(a0, a1)
-	c.s.record(opFallocate, t, st)
-	return st
+	return c.s.start(opFallocate).status(c.RawFileSystem.Fallocate(a0, a1))
 }
 
 func (c *countingFS) Flush(a0 <-chan struct{}, a1 *fuse.FlushIn) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.Flush(a0, a1)
-	c.s.record(opFlush, t, st)
-	return st
+	return c.s.start(opFlush).status(c.RawFileSystem.Flush(a0, a1))
 }
 
 func (c *countingFS) Fsync(a0 <-chan struct{}, a1 *fuse.FsyncIn) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.Fsync(a0, a1)
-	c.s.record(opFsync, t, st)
-	return st
+	return c.s.start(opFsync).status(c.RawFileSystem.Fsync(a0, a1))
 }
 
 func (c *countingFS) FsyncDir(a0 <-chan struct{}, a1 *fuse.FsyncIn) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.FsyncDir(a0, a1)
-	c.s.record(opFsyncDir, t, st)
-	return st
+	return c.s.start(opFsyncDir).status(c.RawFileSystem.FsyncDir(a0, a1))
 }
 
 func (c *countingFS) GetAttr(a0 <-chan struct{}, a1 *fuse.GetAttrIn, a2 *fuse.AttrOut) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.GetAttr(a0, a1, a2)
-	c.s.record(opGetAttr, t, st)
-	return st
+	return c.s.start(opGetAttr).status(c.RawFileSystem.GetAttr(a0, a1, a2))
 }
 
 func (c *countingFS) GetLk(a0 <-chan struct{}, a1 *fuse.LkIn, a2 *fuse.LkOut) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.GetLk(a0, a1, a2)
-	c.s.record(opGetLk, t, st)
-	return st
+	return c.s.start(opGetLk).status(c.RawFileSystem.GetLk(a0, a1, a2))
 }
 
 func (c *countingFS) GetXAttr(a0 <-chan struct{}, a1 *fuse.InHeader, a2 string, a3 []uint8) (uint32, fuse.Status) {
-	t := time.Now()
-	r0, st := c.RawFileSystem.GetXAttr(a0, a1, a2, a3)
-	c.s.record(opGetXAttr, t, st)
-	return r0, st
+	return startValue[uint32](c.s, opGetXAttr).done(c.RawFileSystem.GetXAttr(a0, a1, a2, a3))
 }
 
 func (c *countingFS) Ioctl(a0 <-chan struct{}, a1 *fuse.IoctlIn, a2 []uint8, a3 *fuse.IoctlOut, a4 []uint8) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.Ioctl(a0, a1, a2, a3, a4)
-	c.s.record(opIoctl, t, st)
-	return st
+	return c.s.start(opIoctl).status(c.RawFileSystem.Ioctl(a0, a1, a2, a3, a4))
 }
 
 func (c *countingFS) Link(a0 <-chan struct{}, a1 *fuse.LinkIn, a2 string, a3 *fuse.EntryOut) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.Link(a0, a1, a2, a3)
-	c.s.record(opLink, t, st)
-	return st
+	return c.s.start(opLink).status(c.RawFileSystem.Link(a0, a1, a2, a3))
 }
 
 func (c *countingFS) ListXAttr(a0 <-chan struct{}, a1 *fuse.InHeader, a2 []uint8) (uint32, fuse.Status) {
-	t := time.Now()
-	r0, st := c.RawFileSystem.ListXAttr(a0, a1, a2)
-	c.s.record(opListXAttr, t, st)
-	return r0, st
+	return startValue[uint32](c.s, opListXAttr).done(c.RawFileSystem.ListXAttr(a0, a1, a2))
 }
 
 func (c *countingFS) Lookup(a0 <-chan struct{}, a1 *fuse.InHeader, a2 string, a3 *fuse.EntryOut) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.Lookup(a0, a1, a2, a3)
-	c.s.record(opLookup, t, st)
-	return st
+	return c.s.start(opLookup).status(c.RawFileSystem.Lookup(a0, a1, a2, a3))
 }
 
 func (c *countingFS) Lseek(a0 <-chan struct{}, a1 *fuse.LseekIn, a2 *fuse.LseekOut) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.Lseek(a0, a1, a2)
-	c.s.record(opLseek, t, st)
-	return st
+	return c.s.start(opLseek).status(c.RawFileSystem.Lseek(a0, a1, a2))
 }
 
 func (c *countingFS) Mkdir(a0 <-chan struct{}, a1 *fuse.MkdirIn, a2 string, a3 *fuse.EntryOut) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.Mkdir(a0, a1, a2, a3)
-	c.s.record(opMkdir, t, st)
-	return st
+	return c.s.start(opMkdir).status(c.RawFileSystem.Mkdir(a0, a1, a2, a3))
 }
 
 func (c *countingFS) Mknod(a0 <-chan struct{}, a1 *fuse.MknodIn, a2 string, a3 *fuse.EntryOut) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.Mknod(a0, a1, a2, a3)
-	c.s.record(opMknod, t, st)
-	return st
+	return c.s.start(opMknod).status(c.RawFileSystem.Mknod(a0, a1, a2, a3))
 }
 
 func (c *countingFS) Open(a0 <-chan struct{}, a1 *fuse.OpenIn, a2 *fuse.OpenOut) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.Open(a0, a1, a2)
-	c.s.record(opOpen, t, st)
-	return st
+	return c.s.start(opOpen).status(c.RawFileSystem.Open(a0, a1, a2))
 }
 
 func (c *countingFS) OpenDir(a0 <-chan struct{}, a1 *fuse.OpenIn, a2 *fuse.OpenOut) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.OpenDir(a0, a1, a2)
-	c.s.record(opOpenDir, t, st)
-	return st
+	return c.s.start(opOpenDir).status(c.RawFileSystem.OpenDir(a0, a1, a2))
 }
 
 func (c *countingFS) Read(a0 <-chan struct{}, a1 *fuse.ReadIn, a2 []uint8) (fuse.ReadResult, fuse.Status) {
-	t := time.Now()
-	r0, st := c.RawFileSystem.Read(a0, a1, a2)
-	c.s.record(opRead, t, st)
-	return r0, st
+	return startValue[fuse.ReadResult](c.s, opRead).done(c.RawFileSystem.Read(a0, a1, a2))
 }
 
 func (c *countingFS) ReadDir(a0 <-chan struct{}, a1 *fuse.ReadIn, a2 *fuse.DirEntryList) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.ReadDir(a0, a1, a2)
-	c.s.record(opReadDir, t, st)
-	return st
+	return c.s.start(opReadDir).status(c.RawFileSystem.ReadDir(a0, a1, a2))
 }
 
 func (c *countingFS) ReadDirPlus(a0 <-chan struct{}, a1 *fuse.ReadIn, a2 *fuse.DirEntryList) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.ReadDirPlus(a0, a1, a2)
-	c.s.record(opReadDirPlus, t, st)
-	return st
+	return c.s.start(opReadDirPlus).status(c.RawFileSystem.ReadDirPlus(a0, a1, a2))
 }
 
 func (c *countingFS) Readlink(a0 <-chan struct{}, a1 *fuse.InHeader) ([]uint8, fuse.Status) {
-	t := time.Now()
-	r0, st := c.RawFileSystem.Readlink(a0, a1)
-	c.s.record(opReadlink, t, st)
-	return r0, st
+	return startValue[[]uint8](c.s, opReadlink).done(c.RawFileSystem.Readlink(a0, a1))
 }
 
 func (c *countingFS) Release(a0 <-chan struct{}, a1 *fuse.ReleaseIn) {
-	t := time.Now()
+	t := c.s.start(opRelease)
 	c.RawFileSystem.Release(a0, a1)
-	c.s.record(opRelease, t, fuse.OK)
+	t.status(fuse.OK)
 }
 
 func (c *countingFS) ReleaseDir(a0 *fuse.ReleaseIn) {
-	t := time.Now()
+	t := c.s.start(opReleaseDir)
 	c.RawFileSystem.ReleaseDir(a0)
-	c.s.record(opReleaseDir, t, fuse.OK)
+	t.status(fuse.OK)
 }
 
 func (c *countingFS) RemoveXAttr(a0 <-chan struct{}, a1 *fuse.InHeader, a2 string) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.RemoveXAttr(a0, a1, a2)
-	c.s.record(opRemoveXAttr, t, st)
-	return st
+	return c.s.start(opRemoveXAttr).status(c.RawFileSystem.RemoveXAttr(a0, a1, a2))
 }
 
 func (c *countingFS) Rename(a0 <-chan struct{}, a1 *fuse.RenameIn, a2 string, a3 string) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.Rename(a0, a1, a2, a3)
-	c.s.record(opRename, t, st)
-	return st
+	return c.s.start(opRename).status(c.RawFileSystem.Rename(a0, a1, a2, a3))
 }
 
 func (c *countingFS) Rmdir(a0 <-chan struct{}, a1 *fuse.InHeader, a2 string) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.Rmdir(a0, a1, a2)
-	c.s.record(opRmdir, t, st)
-	return st
+	return c.s.start(opRmdir).status(c.RawFileSystem.Rmdir(a0, a1, a2))
 }
 
 func (c *countingFS) SetAttr(a0 <-chan struct{}, a1 *fuse.SetAttrIn, a2 *fuse.AttrOut) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.SetAttr(a0, a1, a2)
-	c.s.record(opSetAttr, t, st)
-	return st
+	return c.s.start(opSetAttr).status(c.RawFileSystem.SetAttr(a0, a1, a2))
 }
 
 func (c *countingFS) SetLk(a0 <-chan struct{}, a1 *fuse.LkIn) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.SetLk(a0, a1)
-	c.s.record(opSetLk, t, st)
-	return st
+	return c.s.start(opSetLk).status(c.RawFileSystem.SetLk(a0, a1))
 }
 
 func (c *countingFS) SetLkw(a0 <-chan struct{}, a1 *fuse.LkIn) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.SetLkw(a0, a1)
-	c.s.record(opSetLkw, t, st)
-	return st
+	return c.s.start(opSetLkw).status(c.RawFileSystem.SetLkw(a0, a1))
 }
 
 func (c *countingFS) SetXAttr(a0 <-chan struct{}, a1 *fuse.SetXAttrIn, a2 string, a3 []uint8) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.SetXAttr(a0, a1, a2, a3)
-	c.s.record(opSetXAttr, t, st)
-	return st
+	return c.s.start(opSetXAttr).status(c.RawFileSystem.SetXAttr(a0, a1, a2, a3))
 }
 
 func (c *countingFS) StatFs(a0 <-chan struct{}, a1 *fuse.InHeader, a2 *fuse.StatfsOut) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.StatFs(a0, a1, a2)
-	c.s.record(opStatFs, t, st)
-	return st
+	return c.s.start(opStatFs).status(c.RawFileSystem.StatFs(a0, a1, a2))
 }
 
 func (c *countingFS) Statx(a0 <-chan struct{}, a1 *fuse.StatxIn, a2 *fuse.StatxOut) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.Statx(a0, a1, a2)
-	c.s.record(opStatx, t, st)
-	return st
+	return c.s.start(opStatx).status(c.RawFileSystem.Statx(a0, a1, a2))
 }
 
 func (c *countingFS) Symlink(a0 <-chan struct{}, a1 *fuse.InHeader, a2 string, a3 string, a4 *fuse.EntryOut) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.Symlink(a0, a1, a2, a3, a4)
-	c.s.record(opSymlink, t, st)
-	return st
+	return c.s.start(opSymlink).status(c.RawFileSystem.Symlink(a0, a1, a2, a3, a4))
 }
 
 func (c *countingFS) Tmpfile(a0 <-chan struct{}, a1 *fuse.CreateIn, a2 *fuse.CreateOut) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.Tmpfile(a0, a1, a2)
-	c.s.record(opTmpfile, t, st)
-	return st
+	return c.s.start(opTmpfile).status(c.RawFileSystem.Tmpfile(a0, a1, a2))
 }
 
 func (c *countingFS) Unlink(a0 <-chan struct{}, a1 *fuse.InHeader, a2 string) fuse.Status {
-	t := time.Now()
-	st := c.RawFileSystem.Unlink(a0, a1, a2)
-	c.s.record(opUnlink, t, st)
-	return st
+	return c.s.start(opUnlink).status(c.RawFileSystem.Unlink(a0, a1, a2))
 }
 
 func (c *countingFS) Write(a0 <-chan struct{}, a1 *fuse.WriteIn, a2 []uint8) (uint32, fuse.Status) {
-	t := time.Now()
-	r0, st := c.RawFileSystem.Write(a0, a1, a2)
-	c.s.record(opWrite, t, st)
-	return r0, st
+	return startValue[uint32](c.s, opWrite).done(c.RawFileSystem.Write(a0, a1, a2))
 }
 
 func (c *countingFS) Writev(a0 <-chan struct{}, a1 *fuse.WriteIn, a2 [][]uint8) (uint32, fuse.Status) {
-	t := time.Now()
-	r0, st := c.RawFileSystem.Writev(a0, a1, a2)
-	c.s.record(opWrite, t, st)
-	return r0, st
+	return startValue[uint32](c.s, opWrite).done(c.RawFileSystem.Writev(a0, a1, a2))
 }

@@ -32,14 +32,6 @@ type remoteNode struct {
 	opened atomic.Bool
 }
 
-var (
-	_ gofs.NodeGetattrer  = (*remoteNode)(nil)
-	_ gofs.NodeSetattrer  = (*remoteNode)(nil)
-	_ gofs.NodeOpener     = (*remoteNode)(nil)
-	_ gofs.NodeReadlinker = (*remoteNode)(nil)
-	_ gofs.NodeGetxattrer = (*remoteNode)(nil)
-)
-
 // remote makes the node of rel, published elsewhere as rec. It shows the
 // file's inode number (hfl.Record.InodeNumber), the same on every node
 // and once the file is here. Each version is a node of its own, told

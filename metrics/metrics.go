@@ -26,32 +26,26 @@ var (
 // The histograms. They cost an atomic add per observation whether served
 // or not.
 var (
-	OpenWait = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "dyadfs_open_wait_seconds",
-		Help:    "How long opens of files not here waited, until they were here or failed.",
-		Buckets: latencyBuckets,
-	})
-	FetchDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "dyadfs_fetch_duration_seconds",
-		Help:    "How long fetching a file from its owner took, retries included, by outcome (ok, error).",
-		Buckets: latencyBuckets,
-	}, []string{"outcome"})
-	FetchBytes = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "dyadfs_fetch_bytes",
-		Help:    "Sizes of the files fetched from their owners.",
-		Buckets: sizeBuckets,
-	})
-	PublishDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "dyadfs_publish_duration_seconds",
-		Help:    "How long publishing a file's record in the store took, by outcome (ok, error).",
-		Buckets: latencyBuckets,
-	}, []string{"outcome"})
-	FUSERequest = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "dyadfs_fuse_request_duration_seconds",
-		Help:    "How long the daemon took to answer FUSE requests, by operation.",
-		Buckets: latencyBuckets,
-	}, []string{"op"})
+	OpenWait = prometheus.NewHistogram(histogramOpts("dyadfs_open_wait_seconds",
+		"How long opens of files not here waited, until they were here or failed.", latencyBuckets))
+	FetchDuration = prometheus.NewHistogramVec(histogramOpts("dyadfs_fetch_duration_seconds",
+		"How long fetching a file from its owner took, retries included, by outcome (ok, error).", latencyBuckets),
+		[]string{"outcome"})
+	FetchBytes = prometheus.NewHistogram(histogramOpts("dyadfs_fetch_bytes",
+		"Sizes of the files fetched from their owners.", sizeBuckets))
+	PublishDuration = prometheus.NewHistogramVec(histogramOpts("dyadfs_publish_duration_seconds",
+		"How long publishing a file's record in the store took, by outcome (ok, error).", latencyBuckets),
+		[]string{"outcome"})
+	FUSERequest = prometheus.NewHistogramVec(histogramOpts("dyadfs_fuse_request_duration_seconds",
+		"How long the daemon took to answer FUSE requests, by operation.", latencyBuckets),
+		[]string{"op"})
 )
+
+// histogramOpts names a histogram, says what it measures and sets its
+// buckets: all that dyadfs's histograms set.
+func histogramOpts(name, help string, buckets []float64) prometheus.HistogramOpts {
+	return prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}
+}
 
 // Outcome is the label value of an error.
 func Outcome(err error) string {

@@ -31,6 +31,23 @@ shift || true
 tmp=$(mktemp -d /var/tmp/dyadfs-bench-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
+# wants PART: whether the part PART of the benchmarks was asked for.
+wants() { [[ $what == all || $what == "$1" ]]; }
+# built_with TAG PART WHY: whether the build has the optional backend TAG;
+# if not, says that PART is skipped, and WHY.
+built_with() {
+	[[ ,$DYADFS_TAGS, == *,"$1",* ]] && return 0
+	echo "== $2: skipped ($3)"
+	return 1
+}
+# bench_test NAME [GO-TEST-FLAGS...]: runs the end-to-end benchmark NAME
+# of ./test/ once, its temporary directories on disk.
+bench_test() {
+	local name=$1
+	shift
+	TMPDIR=$tmp go test "$@" -run '^$' -bench "^$name\$" -benchtime 1x -timeout 30m ./test/
+}
+
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -r), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 echo "disk: $(df -T /var/tmp | awk 'NR==2 {print $1, $2}')"
 
@@ -66,26 +83,21 @@ if [[ $what == compare ]]; then
 	exit 0
 fi
 
-if [[ $what == all || $what == cluster ]]; then
+if wants cluster; then
 	echo
 	echo "== two nodes over veth"
-	TMPDIR=$tmp go test -run '^$' -bench '^BenchmarkCluster$' -benchtime 1x -timeout 30m ./test/ |
-		sed -n '/^ *figure/,/^latency is/p'
+	bench_test BenchmarkCluster | sed -n '/^ *figure/,/^latency is/p'
 fi
 
-if [[ $what == all || $what == cost ]]; then
+if wants cost; then
 	echo "== what one file costs: two nodes over veth, etcd on tmpfs"
-	TMPDIR=$tmp go test -run '^$' -bench '^BenchmarkClusterCost$' -benchtime 1x -timeout 30m ./test/ |
-		grep -v '^\(goos\|goarch\|pkg\|cpu\|PASS\|ok\|Benchmark\)'
+	bench_test BenchmarkClusterCost | grep -v '^\(goos\|goarch\|pkg\|cpu\|PASS\|ok\|Benchmark\)'
 fi
-if [[ $what == all || $what == ucx ]]; then
+if wants ucx; then
 	echo
-	if [[ ,$DYADFS_TAGS, != *,ucx,* ]]; then
-		echo "== UCX: skipped (built without UCX: libucx-dev is not installed)"
-	else
+	if built_with ucx UCX "built without UCX: libucx-dev is not installed"; then
 		echo "== UCX between two namespaces (UCX_TLS=tcp), end to end, the transports alternating over rounds"
-		TMPDIR=$tmp go test -tags "$DYADFS_TAGS" -run '^$' -bench '^BenchmarkClusterTransports$' -benchtime 1x -timeout 30m ./test/ |
-			sed -n '/^ *figure/,/^latency is/p'
+		bench_test BenchmarkClusterTransports -tags "$DYADFS_TAGS" | sed -n '/^ *figure/,/^latency is/p'
 		echo
 		echo "== the transports alone: between two namespaces (FetchNetns, UCX_TLS=tcp, against ucx_perftest there),"
 		echo "   and on one host: shared memory (ucx-shm: UCX_TLS=sm,tcp) and TCP (ucx-tcp) against the TCP transport on loopback"
@@ -93,18 +105,16 @@ if [[ $what == all || $what == ucx ]]; then
 	fi
 fi
 
-if [[ $what == all || $what == flux ]]; then
+if wants flux; then
 	echo
-	if [[ ,$DYADFS_TAGS, != *,flux,* ]]; then
-		echo "== Flux: skipped (flux-core is not installed: run ../shared/flux/install.sh)"
-	else
+	if built_with flux Flux "flux-core is not installed: run ../shared/flux/install.sh"; then
 		echo "== Flux: two brokers (flux start --test-size=2)"
-		TMPDIR=$tmp go test -tags "$DYADFS_TAGS" -run '^$' -bench '^BenchmarkFlux$' -benchtime 1x -timeout 30m ./test/ |
+		bench_test BenchmarkFlux -tags "$DYADFS_TAGS" |
 			sed -n '/^ *figure/,$p' | grep -v -E '^(PASS|ok|goos|goarch|pkg|cpu)'
 	fi
 fi
 
-if [[ $what == all || $what == checksum ]]; then
+if wants checksum; then
 	echo
 	echo "== what the content checksum costs: XXH3 over 1 MiB blocks (internal/digest)"
 	echo "   File: the producer hashing a file in the page cache at publish, on every core;"
@@ -112,7 +122,7 @@ if [[ $what == all || $what == checksum ]]; then
 	go test -run '^$' -bench . -benchtime 2s ./internal/digest/ | grep -E '^Benchmark'
 fi
 
-if [[ $what == all || $what == single ]]; then
+if wants single; then
 	echo
 	echo "== one node: dyadfs against its backing filesystem"
 	go run ./scripts/bench -dyadfs bin/dyadfs -dir /var/tmp "$@"

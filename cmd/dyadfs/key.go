@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 
@@ -30,16 +29,8 @@ func runKey(args []string, stdout io.Writer) error {
 	flags := pflag.NewFlagSet("key", pflag.ContinueOnError)
 	flags.IntVar(&c.Locator.KeyDepth, "key-depth", c.Locator.KeyDepth, "levels of the hashed key (DYAD_KEY_DEPTH)")
 	flags.IntVar(&c.Locator.KeyBins, "key-bins", c.Locator.KeyBins, "bins per level (DYAD_KEY_BINS)")
-	flags.Usage = func() {}
-	if err := flags.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			fmt.Fprint(stdout, keyUsage+flags.FlagUsages())
-			return errHelp
-		}
-		return fail(exitUsage, err.Error()+" (see dyadfs help key)")
-	}
-	if flags.NArg() == 0 {
-		return fail(exitUsage, "key takes at least one RELPATH (see dyadfs help key)")
+	if err := parseOperands(flags, args, keyUsage, "RELPATH", stdout); err != nil {
+		return err
 	}
 	if err := hfl.ValidateKeyShape(c.Locator.KeyDepth, c.Locator.KeyBins); err != nil {
 		return fail(exitUsage, err.Error())

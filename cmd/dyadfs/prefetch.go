@@ -42,16 +42,8 @@ func runPrefetch(args []string, stdout io.Writer) error {
 	jobs := flags.IntP("jobs", "j", 8, "files brought here at once")
 	wait := flags.Bool("wait", false, "wait for each PATH published nowhere yet, instead of skipping it")
 	timeout := flags.Duration("timeout", 0, "give up after DURATION (0: never)")
-	flags.Usage = func() {}
-	if err := flags.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			fmt.Fprint(stdout, prefetchUsage+flags.FlagUsages())
-			return errHelp
-		}
-		return fail(exitUsage, err.Error()+" (see dyadfs help prefetch)")
-	}
-	if flags.NArg() == 0 {
-		return fail(exitUsage, "prefetch takes at least one PATH (see dyadfs help prefetch)")
+	if err := parseOperands(flags, args, prefetchUsage, "PATH", stdout); err != nil {
+		return err
 	}
 	if *jobs < 1 || *jobs > 1024 {
 		return fail(exitUsage, fmt.Sprintf("--jobs %d: want 1 to 1024", *jobs))

@@ -26,16 +26,8 @@ Flags:
 func runWait(args []string, stdout io.Writer) error {
 	flags := pflag.NewFlagSet("wait", pflag.ContinueOnError)
 	timeout := flags.Duration("timeout", 0, "give up after DURATION (0: wait as long as the mount's --wait-timeout allows)")
-	flags.Usage = func() {}
-	if err := flags.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			fmt.Fprint(stdout, waitUsage+flags.FlagUsages())
-			return errHelp
-		}
-		return fail(exitUsage, err.Error()+" (see dyadfs help wait)")
-	}
-	if flags.NArg() == 0 {
-		return fail(exitUsage, "wait takes at least one PATH (see dyadfs help wait)")
+	if err := parseOperands(flags, args, waitUsage, "PATH", stdout); err != nil {
+		return err
 	}
 	if *timeout < 0 {
 		return fail(exitUsage, fmt.Sprintf("--timeout %v must not be negative", *timeout))

@@ -106,70 +106,71 @@ func run(c config) error {
 		fmt.Fprintf(os.Stderr, "  %-36s dyadfs %10.1f  native %10.1f %s\n", r.name, r.dyadfs, r.native, r.unit)
 		return nil
 	}
+	// measure fills in r's figures with pair's, and adds it.
+	measure := func(r row, f func(d string) (float64, error)) error {
+		var err error
+		r.dyadfs, r.native, err = pair(f, mnt, native)
+		return add(r, err)
+	}
 	fmt.Fprintf(os.Stderr, "measuring in %s (passthrough %s)\n", base, st.Passthrough)
 
 	size := c.seqBytes
 	mb := float64(size) / 1e6
-	r := row{name: fmt.Sprintf("sequential write %s", human(size)), unit: "MB/s"}
-	r.dyadfs, r.native, err = pair(func(d string) (float64, error) {
-		return rate(mb, func() error { return writeFile(filepath.Join(d, "seq.dat"), size) })
-	}, mnt, native)
-	if err := add(r, err); err != nil {
-		return err
-	}
-	r = row{name: fmt.Sprintf("sequential read %s, page cache", human(size)), unit: "MB/s"}
-	r.dyadfs, r.native, err = pair(func(d string) (float64, error) {
-		p := filepath.Join(d, "seq.dat")
-		readFile(p) // warm
-		return rate(mb, func() error { return readFile(p) })
-	}, mnt, native)
-	if err := add(r, err); err != nil {
-		return err
-	}
-	r = row{name: fmt.Sprintf("sequential read %s, caches dropped", human(size)), unit: "MB/s"}
-	r.dyadfs, r.native, err = pair(func(d string) (float64, error) {
-		p := filepath.Join(d, "seq.dat")
-		if err := dropCaches(); err != nil {
-			return 0, err
+	for _, seq := range []struct {
+		name string // a format of the file's size
+		f    func(p string) (float64, error)
+	}{
+		{"sequential write %s", func(p string) (float64, error) {
+			return rate(mb, func() error { return writeFile(p, size) })
+		}},
+		{"sequential read %s, page cache", func(p string) (float64, error) {
+			readFile(p) // warm
+			return rate(mb, func() error { return readFile(p) })
+		}},
+		{"sequential read %s, caches dropped", func(p string) (float64, error) {
+			if err := dropCaches(); err != nil {
+				return 0, err
+			}
+			return rate(mb, func() error { return readFile(p) })
+		}},
+	} {
+		r := row{name: fmt.Sprintf(seq.name, human(size)), unit: "MB/s"}
+		if err := measure(r, func(d string) (float64, error) { return seq.f(filepath.Join(d, "seq.dat")) }); err != nil {
+			return err
 		}
-		return rate(mb, func() error { return readFile(p) })
-	}, mnt, native)
-	if err := add(r, err); err != nil {
-		return err
 	}
 	os.Remove(filepath.Join(mnt, "seq.dat"))
 	os.Remove(filepath.Join(native, "seq.dat"))
 
-	r = row{name: fmt.Sprintf("create+write+close %d x 4 KiB", c.files), unit: "files/s"}
 	round := map[string]int{}
 	var lastSmall = map[string]string{}
-	r.dyadfs, r.native, err = pair(func(d string) (float64, error) {
+	err = measure(row{name: fmt.Sprintf("create+write+close %d x 4 KiB", c.files), unit: "files/s"}, func(d string) (float64, error) {
 		// Every repetition creates its files in a new directory; the
 		// stat rows use the last one.
 		round[d]++
 		sub := filepath.Join(d, fmt.Sprintf("small-%d", round[d]))
 		lastSmall[d] = sub
 		return rate(float64(c.files), func() error { return createFiles(sub, c.files) })
-	}, mnt, native)
-	if err := add(r, err); err != nil {
+	})
+	if err != nil {
 		return err
 	}
 	statRate := func(d string) (float64, error) {
 		return rate(float64(c.files), func() error { return statFiles(lastSmall[d], c.files) })
 	}
-	r = row{name: fmt.Sprintf("create+write+close %d x 4 KiB, python3", c.files/2), unit: "files/s",
-		note: "the same loop in python3 (os.open, os.write, os.close): what an interpreted application sees"}
-	r.dyadfs, r.native, err = pair(func(d string) (float64, error) {
-		round[d+"py"]++
-		return pythonCreates(filepath.Join(d, fmt.Sprintf("py-%d", round[d+"py"])), c.files/2)
-	}, mnt, native)
-	if err := add(r, err); err != nil {
+	err = measure(row{name: fmt.Sprintf("create+write+close %d x 4 KiB, python3", c.files/2), unit: "files/s",
+		note: "the same loop in python3 (os.open, os.write, os.close): what an interpreted application sees"},
+		func(d string) (float64, error) {
+			round[d+"py"]++
+			return pythonCreates(filepath.Join(d, fmt.Sprintf("py-%d", round[d+"py"])), c.files/2)
+		})
+	if err != nil {
 		return err
 	}
 
 	// The first stat after a write asks the daemon (writes invalidate the
 	// kernel's attributes); it can only be measured once per file.
-	r = row{name: fmt.Sprintf("stat %d files, first after writing", c.files), unit: "stats/s"}
+	r := row{name: fmt.Sprintf("stat %d files, first after writing", c.files), unit: "stats/s"}
 	r.dyadfs, err = statRate(mnt)
 	if err == nil {
 		r.native, err = statRate(native)
@@ -177,9 +178,7 @@ func run(c config) error {
 	if err := add(r, err); err != nil {
 		return err
 	}
-	r = row{name: fmt.Sprintf("stat %d published files", c.files), unit: "stats/s"}
-	r.dyadfs, r.native, err = pair(statRate, mnt, native)
-	if err := add(r, err); err != nil {
+	if err := measure(row{name: fmt.Sprintf("stat %d published files", c.files), unit: "stats/s"}, statRate); err != nil {
 		return err
 	}
 
