@@ -25,10 +25,7 @@ type subscription struct {
 	events  chan Event
 	dropped atomic.Uint64
 
-	// Owned by the reactor thread.
-	mh   *C.flux_msg_handler_t
-	glob *C.char
-	self cgo.Handle
+	msgHandler
 }
 
 // Subscribe delivers the events whose topic begins with topic (Flux
@@ -103,21 +100,6 @@ func (s *subscription) release() {
 	delete(s.h.handlers, s)
 	s.free()
 	close(s.events)
-}
-
-func (s *subscription) free() {
-	if s.mh != nil {
-		C.flux_msg_handler_destroy(s.mh)
-		s.mh = nil
-	}
-	if s.glob != nil {
-		C.free(unsafe.Pointer(s.glob))
-		s.glob = nil
-	}
-	if s.self != 0 {
-		s.self.Delete()
-		s.self = 0
-	}
 }
 
 // Publish publishes an event with topic and payload to every broker of

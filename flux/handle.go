@@ -102,6 +102,31 @@ type Handle struct {
 // releaser frees what a message handler holds, on the reactor thread.
 type releaser interface{ release() }
 
+// msgHandler is the C side of a message handler (a service's or a
+// subscription's), owned by the reactor thread: the handler, its topic
+// glob and the cgo.Handle by which its callbacks find the Go side.
+type msgHandler struct {
+	mh   *C.flux_msg_handler_t
+	glob *C.char
+	self cgo.Handle
+}
+
+// free destroys and forgets whichever of them was made.
+func (m *msgHandler) free() {
+	if m.mh != nil {
+		C.flux_msg_handler_destroy(m.mh)
+		m.mh = nil
+	}
+	if m.glob != nil {
+		C.free(unsafe.Pointer(m.glob))
+		m.glob = nil
+	}
+	if m.self != 0 {
+		m.self.Delete()
+		m.self = 0
+	}
+}
+
 // Open connects to the broker at uri ("": FLUX_URI from the environment,
 // as every process of a Flux job has it) and starts the reactor thread.
 func Open(uri string) (*Handle, error) {

@@ -33,10 +33,7 @@ type Service struct {
 	mu       sync.Mutex
 	handlers map[string]func(Request)
 
-	// Owned by the reactor thread.
-	mh   *C.flux_msg_handler_t
-	glob *C.char
-	self cgo.Handle
+	msgHandler
 }
 
 // Serve registers service name with the broker and returns it; its
@@ -75,18 +72,7 @@ func (h *Handle) Serve(ctx context.Context, name string) (*Service, error) {
 // release frees what Serve made, on the reactor thread.
 func (s *Service) release() {
 	delete(s.h.handlers, s)
-	if s.mh != nil {
-		C.flux_msg_handler_destroy(s.mh)
-		s.mh = nil
-	}
-	if s.glob != nil {
-		C.free(unsafe.Pointer(s.glob))
-		s.glob = nil
-	}
-	if s.self != 0 {
-		s.self.Delete()
-		s.self = 0
-	}
+	s.free()
 }
 
 // Name is the service's name.

@@ -181,24 +181,50 @@ func (e *env) compare(p string, info dtl.FileInfo, got *os.File) error {
 	if gs.Size() != st.Size {
 		return fmt.Errorf("%s: received %d bytes, source has %d", p, gs.Size(), st.Size)
 	}
-	a, b := sum(filepath.Join(e.src.Root(), p)), sum(got.Name())
+	a, err := FileSum(filepath.Join(e.src.Root(), p))
+	if err != nil {
+		return err
+	}
+	b, err := FileSum(got.Name())
+	if err != nil {
+		return err
+	}
 	if a != b {
 		return fmt.Errorf("%s: received content differs (sha256 %x, source %x)", p, b, a)
 	}
 	return nil
 }
 
-func sum(name string) [32]byte {
+// FileSum is the SHA-256 of the file at name.
+func FileSum(name string) ([32]byte, error) {
+	var s [32]byte
 	f, err := os.Open(name)
 	if err != nil {
-		return [32]byte{}
+		return s, err
 	}
 	defer f.Close()
 	h := sha256.New()
-	io.Copy(h, f)
-	var s [32]byte
+	if _, err := io.Copy(h, f); err != nil {
+		return s, fmt.Errorf("read %s: %w", name, err)
+	}
 	h.Sum(s[:0])
-	return s
+	return s, nil
+}
+
+// SameContent reports, on t, an error if the files at a and b cannot be
+// read or differ. It may be called from any goroutine.
+func SameContent(t testing.TB, a, b string) {
+	t.Helper()
+	x, err := FileSum(a)
+	if err == nil {
+		var y [32]byte
+		if y, err = FileSum(b); err == nil && x != y {
+			err = fmt.Errorf("%s and %s differ", a, b)
+		}
+	}
+	if err != nil {
+		t.Error(err)
+	}
 }
 
 func sizes(t *testing.T, newPair NewPair) {
@@ -302,7 +328,7 @@ func sparseOver4GiB(t *testing.T, newPair NewPair) {
 func sameSparse(a, b *os.File, size int64) error {
 	var ranges [][2]int64
 	for _, f := range []*os.File{a, b} {
-		ranges = append(ranges, extents(f, size)...)
+		ranges = append(ranges, Extents(f, size)...)
 	}
 	bufA, bufB := make([]byte, 1<<20), make([]byte, 1<<20)
 	for _, r := range ranges {
@@ -319,9 +345,9 @@ func sameSparse(a, b *os.File, size int64) error {
 	return nil
 }
 
-// extents lists f's data extents (the whole file where the filesystem
-// cannot tell).
-func extents(f *os.File, size int64) [][2]int64 {
+// Extents lists f's data extents within its first size bytes (the whole
+// file where the filesystem cannot tell).
+func Extents(f *os.File, size int64) [][2]int64 {
 	var out [][2]int64
 	fd := int(f.Fd())
 	for off := int64(0); off < size; {

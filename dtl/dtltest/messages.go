@@ -60,8 +60,23 @@ func (s *handling) HandleMessage(ctx context.Context, from string, msg []byte) (
 // and a client of node "asker" holding the same secret.
 func messaging(t *testing.T, b MessengerBackend, h func(ctx context.Context, from string, msg []byte) ([]byte, error)) (server dtl.Transport, client dtl.Messenger, src *handling) {
 	t.Helper()
+	server, c, src := serveMessages(t, b.New, h)
+	return server, c.(dtl.Messenger), src
+}
+
+// Messaging is a server of node "owner" answering messages with h (none
+// if nil), serving a fresh Source, and a client of node "asker" holding
+// the same secret; open makes a transport of node, closed with the test.
+func Messaging[T dtl.Transport](t *testing.T, open func(t *testing.T, node string, secret []byte) T, h func(ctx context.Context, from string, msg []byte) ([]byte, error)) (server, client T, src *Source) {
+	t.Helper()
+	server, client, hs := serveMessages(t, open, h)
+	return server, client, hs.Source
+}
+
+func serveMessages[T dtl.Transport](t *testing.T, open func(t *testing.T, node string, secret []byte) T, h func(ctx context.Context, from string, msg []byte) ([]byte, error)) (server, client T, src *handling) {
+	t.Helper()
 	secret := NewSecret()
-	server = b.New(t, "owner", secret)
+	server = open(t, "owner", secret)
 	src = &handling{Source: NewSource(t.TempDir())}
 	var serving dtl.Source = src.Source
 	if h != nil {
@@ -71,7 +86,7 @@ func messaging(t *testing.T, b MessengerBackend, h func(ctx context.Context, fro
 	if err := server.Serve(serving); err != nil {
 		t.Fatal(err)
 	}
-	client = b.New(t, "asker", secret).(dtl.Messenger)
+	client = open(t, "asker", secret)
 	return server, client, src
 }
 

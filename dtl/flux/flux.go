@@ -174,7 +174,7 @@ func (t *Transport) Serve(src dtl.Source) error {
 	t.svc, t.src, t.handler = svc, src, h
 	t.mu.Unlock()
 	for method, fn := range map[string]func(string, []byte, fluxc.Request){
-		"open": t.serveOpen, "read": t.serveRead, "close": t.serveClose, "msg": t.serveMsg,
+		"open": decoded(t.serveOpen), "read": decoded(t.serveRead), "close": decoded(t.serveClose), "msg": t.serveMsg,
 	} {
 		svc.Handle(method, t.guard(fn))
 	}
@@ -403,12 +403,20 @@ func checkPath(p string) error {
 	return nil
 }
 
-func (t *Transport) serveOpen(from string, body []byte, r fluxc.Request) {
-	var q openReq
-	if err := json.Unmarshal(body, &q); err != nil {
-		refuse(r, codeProtocol, err.Error())
-		return
+// decoded reads the body of a request about a file for fn, and refuses
+// one that does not decode.
+func decoded(fn func(from string, q openReq, r fluxc.Request)) func(string, []byte, fluxc.Request) {
+	return func(from string, body []byte, r fluxc.Request) {
+		var q openReq
+		if err := json.Unmarshal(body, &q); err != nil {
+			refuse(r, codeProtocol, err.Error())
+			return
+		}
+		fn(from, q, r)
 	}
+}
+
+func (t *Transport) serveOpen(from string, q openReq, r fluxc.Request) {
 	if q.Owner != "" && q.Owner != t.cfg.Node {
 		refuse(r, codeWrongNode, fmt.Sprintf("rank %d answers as node %q, not %q", t.h.Rank(), t.cfg.Node, q.Owner))
 		return
@@ -473,12 +481,7 @@ func (t *Transport) transferOf(id uint64, from string) *transfer {
 	return x
 }
 
-func (t *Transport) serveRead(from string, body []byte, r fluxc.Request) {
-	var q openReq
-	if err := json.Unmarshal(body, &q); err != nil {
-		refuse(r, codeProtocol, err.Error())
-		return
-	}
+func (t *Transport) serveRead(from string, q openReq, r fluxc.Request) {
 	x := t.transferOf(q.ID, from)
 	if x == nil {
 		if t.ctx.Err() != nil {
@@ -542,12 +545,7 @@ func (x *transfer) readInTurn(buf []byte, off int64) (int, error) {
 	return n, err
 }
 
-func (t *Transport) serveClose(from string, body []byte, r fluxc.Request) {
-	var q openReq
-	if err := json.Unmarshal(body, &q); err != nil {
-		refuse(r, codeProtocol, err.Error())
-		return
-	}
+func (t *Transport) serveClose(from string, q openReq, r fluxc.Request) {
 	x := t.transferOf(q.ID, from)
 	if x == nil {
 		refuse(r, codeProtocol, fmt.Sprintf("no transfer %d open for node %q", q.ID, from))

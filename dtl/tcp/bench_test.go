@@ -23,15 +23,7 @@ func benchFetch(b *testing.B, size int, parallel bool) {
 	s := dtltest.NewSecret()
 	server, src, _ := served(b, s, opts{})
 	client, _ := newTransport(b, s, opts{})
-	data := make([]byte, size)
-	rand.Read(data)
-	if err := src.WriteFile("f", data); err != nil {
-		b.Fatal(err)
-	}
-	// Hashed once, as a producer does at publish.
-	if err := src.Publish("f"); err != nil {
-		b.Fatal(err)
-	}
+	dtltest.PublishRandom(b, src, "f", size)
 	dir := b.TempDir()
 	ctx := context.Background()
 	var n atomic.Int64

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/dtl/wire"
 
 	"github.com/dyadfs/dyadfs/dtl/peerauth"
 )
@@ -45,11 +46,8 @@ func (t *Transport) enter() error {
 // if that connection turns out to have been closed by the server before
 // it answered, Fetch retries once on a new one.
 func (t *Transport) Fetch(ctx context.Context, addr string, req dtl.Request, dst *dtl.Sink) (dtl.FileInfo, error) {
-	if !dst.Valid() {
-		return dtl.FileInfo{}, errors.New("tcp transport: nil destination file")
-	}
-	if len(req.Path) > maxPath {
-		return dtl.FileInfo{}, fmt.Errorf("tcp transport: path of %d bytes is longer than any file name (%d): %w", len(req.Path), maxPath, dtl.ErrNotFound)
+	if err := wire.CheckFetch("tcp", req, dst); err != nil {
+		return dtl.FileInfo{}, err
 	}
 	var info dtl.FileInfo
 	what := func() string { return "fetch " + req.Path + " from " + addr }
@@ -60,7 +58,7 @@ func (t *Transport) Fetch(ctx context.Context, addr string, req dtl.Request, dst
 	if err != nil {
 		return dtl.FileInfo{}, err
 	}
-	t.stats.bytesRecv.Add(info.Size)
+	t.stats.BytesRecv.Add(info.Size)
 	return info, nil
 }
 
@@ -81,7 +79,7 @@ func (t *Transport) Message(ctx context.Context, addr, node string, msg []byte) 
 	if err != nil {
 		return nil, err
 	}
-	t.stats.messages.Add(1)
+	t.stats.Messages.Add(1)
 	return reply, nil
 }
 
@@ -141,7 +139,7 @@ func (t *Transport) call(ctx context.Context, addr, node string, what func() str
 			return nil
 		}
 		if stale && reused && attempt == 0 {
-			t.stats.retried.Add(1)
+			t.stats.Retried.Add(1)
 			t.log.Debug("pooled connection was closed by the server; retrying on a new one", "addr", addr, "err", err)
 			continue
 		}
@@ -330,7 +328,7 @@ func connGone(err error) bool {
 func (t *Transport) conn(ctx context.Context, addr string, pooled bool) (cc *clientConn, reused bool, err error) {
 	if pooled {
 		if cc := t.takeIdle(addr); cc != nil {
-			t.stats.reused.Add(1)
+			t.stats.Reused.Add(1)
 			return cc, true, nil
 		}
 	}
@@ -436,7 +434,7 @@ func (t *Transport) dial(ctx context.Context, addr string) (*clientConn, error) 
 		t.discard(cc)
 		return nil, err
 	}
-	t.stats.dials.Add(1)
+	t.stats.Dials.Add(1)
 	return cc, nil
 }
 

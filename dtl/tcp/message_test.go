@@ -41,29 +41,17 @@ func echoed(from string, msg []byte) []byte {
 
 // messaging is a server of node "owner" whose handler is h, serving a
 // fresh Source, and a client of node "asker" holding the same secret.
-func messaging(t *testing.T, o opts, h func(ctx context.Context, from string, msg []byte) ([]byte, error)) (server, client *Transport, src *dtltest.Source) {
-	t.Helper()
-	s := dtltest.NewSecret()
-	so := o
-	so.node = "owner"
-	server, _ = newTransport(t, s, so)
-	if h != nil {
-		server.handler.Store(&h)
-	}
-	src = dtltest.NewSource(t.TempDir())
-	if err := server.Serve(src); err != nil {
-		t.Fatal(err)
-	}
-	co := o
-	co.node = "asker"
-	client, _ = newTransport(t, s, co)
-	return server, client, src
+func messaging(t *testing.T, h handlerFunc) (server, client *Transport, src *dtltest.Source) {
+	return dtltest.Messaging(t, func(t *testing.T, node string, secret []byte) *Transport {
+		tr, _ := newTransport(t, secret, opts{node: node})
+		return tr
+	}, h)
 }
 
 // TestMessagesAndFetches: messages and fetches interleave on the pooled
 // connections, from many goroutines at once.
 func TestMessagesAndFetches(t *testing.T) {
-	server, client, src := messaging(t, opts{}, dtltest.Echo)
+	server, client, src := messaging(t, dtltest.Echo)
 	data := dtltest.Patterned(100_000)
 	if err := src.WriteFile("f", data); err != nil {
 		t.Fatal(err)
@@ -111,7 +99,7 @@ func TestMessagesAndFetches(t *testing.T) {
 func TestMessageCancel(t *testing.T) {
 	entered := make(chan struct{}, 1)
 	release := make(chan struct{})
-	server, client, _ := messaging(t, opts{}, func(ctx context.Context, from string, msg []byte) ([]byte, error) {
+	server, client, _ := messaging(t, func(ctx context.Context, from string, msg []byte) ([]byte, error) {
 		if string(msg) != "slow" {
 			return dtltest.Echo(ctx, from, msg)
 		}
@@ -164,7 +152,7 @@ func TestMessageCancel(t *testing.T) {
 // them; the sender sees the connection end.
 func TestCloseEndsHandlers(t *testing.T) {
 	entered := make(chan struct{})
-	server, client, _ := messaging(t, opts{}, func(ctx context.Context, from string, msg []byte) ([]byte, error) {
+	server, client, _ := messaging(t, func(ctx context.Context, from string, msg []byte) ([]byte, error) {
 		close(entered)
 		<-ctx.Done()
 		return nil, ctx.Err()
@@ -191,7 +179,7 @@ func TestCloseEndsHandlers(t *testing.T) {
 // TestMessageStaleRetry: a pooled connection the server has closed is
 // replaced, once, transparently.
 func TestMessageStaleRetry(t *testing.T) {
-	server, client, _ := messaging(t, opts{}, dtltest.Echo)
+	server, client, _ := messaging(t, dtltest.Echo)
 	ctx := ctxFor(t)
 	if _, err := client.Message(ctx, server.Addr(), "", []byte("a")); err != nil {
 		t.Fatal(err)

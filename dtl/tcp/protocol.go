@@ -7,8 +7,8 @@ import (
 	"io"
 
 	"github.com/dyadfs/dyadfs/dtl"
-
 	"github.com/dyadfs/dyadfs/dtl/peerauth"
+	"github.com/dyadfs/dyadfs/dtl/wire"
 )
 
 // The wire format. Every message is a frame:
@@ -76,8 +76,7 @@ const (
 	nonceLen = peerauth.NonceLen
 	macLen   = peerauth.MACLen
 	maxNode  = peerauth.MaxNode
-	// maxPath is Linux's PATH_MAX: no longer path names a file.
-	maxPath = 4096
+	maxPath  = wire.MaxPath
 	// maxMsg bounds an error message (longer ones are cut).
 	maxMsg = 1024
 	// maxChunk is the largest chunk a client accepts; servers send
@@ -223,13 +222,7 @@ func appendGet(b []byte, g getReq) []byte {
 
 func appendHeader(b []byte, fi dtl.FileInfo) []byte {
 	b, s := beginFrame(b, tHeader)
-	b = binary.BigEndian.AppendUint64(b, uint64(fi.Size))
-	b = binary.BigEndian.AppendUint32(b, fi.Mode)
-	b = binary.BigEndian.AppendUint32(b, fi.Uid)
-	b = binary.BigEndian.AppendUint32(b, fi.Gid)
-	b = binary.BigEndian.AppendUint64(b, uint64(fi.MtimeNs))
-	b = binary.BigEndian.AppendUint64(b, fi.Generation)
-	b = append(b, fi.Checksum[:]...)
+	b = wire.AppendInfo(b, fi)
 	return endFrame(b, s)
 }
 

@@ -8,15 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"strings"
-	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/dyadfs/dyadfs/dtl"
-
 	"github.com/dyadfs/dyadfs/dtl/peerauth"
+	"github.com/dyadfs/dyadfs/dtl/wire"
 )
 
 // lingerTime bounds how long a server reads what a refused peer still sends
@@ -39,9 +35,7 @@ type serverConn struct {
 	remote string
 	node   string // the peer's node id, as it claims in its hello (bound by its MAC)
 
-	mu      sync.Mutex
-	file    *os.File // the file being sent
-	aborted bool
+	sending wire.Sending // the file being sent
 }
 
 func (t *Transport) acceptLoop(ln net.Listener, src dtl.Source) {
@@ -66,7 +60,7 @@ func (t *Transport) acceptLoop(ln net.Listener, src dtl.Source) {
 			continue
 		}
 		backoff = 0
-		t.stats.accepts.Add(1)
+		t.stats.Accepts.Add(1)
 		tc, ok := c.(*net.TCPConn)
 		if !ok {
 			c.Close()
@@ -77,7 +71,7 @@ func (t *Transport) acceptLoop(ln net.Listener, src dtl.Source) {
 		select {
 		case t.handshaking <- struct{}{}:
 		default:
-			t.stats.refused.Add(1)
+			t.stats.Refused.Add(1)
 			t.log.Warn("too many connections authenticating; refused one", "peer", c.RemoteAddr().String(), "max", cap(t.handshaking))
 			c.Close()
 			continue
@@ -104,36 +98,7 @@ func (t *Transport) acceptLoop(ln net.Listener, src dtl.Source) {
 // socket and the file being sent, whatever either is blocked in.
 func (sc *serverConn) abort() {
 	sc.conn.Close()
-	sc.mu.Lock()
-	sc.aborted = true
-	f := sc.file
-	sc.mu.Unlock()
-	if f != nil {
-		f.Close()
-	}
-}
-
-// setFile records the file being sent, so that abort can close it. It
-// reports false, having closed f, if the connection is being aborted.
-func (sc *serverConn) setFile(f *os.File) bool {
-	sc.mu.Lock()
-	defer sc.mu.Unlock()
-	if sc.aborted {
-		f.Close()
-		return false
-	}
-	sc.file = f
-	return true
-}
-
-func (sc *serverConn) clearFile() {
-	sc.mu.Lock()
-	f := sc.file
-	sc.file = nil
-	sc.mu.Unlock()
-	if f != nil {
-		f.Close()
-	}
+	sc.sending.Abort(nil, nil)
 }
 
 func (sc *serverConn) serve(src dtl.Source) {
@@ -264,7 +229,7 @@ func (sc *serverConn) send(frames []byte) error {
 // briefly so that the error frame is read before the connection closes.
 func (sc *serverConn) refuse(code uint16, vs []uint16, reason string) {
 	t := sc.t
-	t.stats.refused.Add(1)
+	t.stats.Refused.Add(1)
 	t.log.Warn("refused peer", "peer", sc.remote, "node", sc.node, "reason", reason)
 	deadline := time.Now().Add(min(t.cfg.StallTimeout, lingerTime))
 	sc.conn.SetDeadline(deadline)
@@ -280,7 +245,7 @@ func (sc *serverConn) refuse(code uint16, vs []uint16, reason string) {
 // the next one: a refusal leaves it usable, a failed transfer does not.
 func (sc *serverConn) answer(src dtl.Source, req getReq) bool {
 	t := sc.t
-	if err := checkPath(req.Path); err != nil {
+	if err := wire.CheckPath(req.Path); err != nil {
 		return sc.refuseRequest(req, dtl.CodeOutside, err)
 	}
 	f, info, err := src.OpenPublished(t.ctx, dtl.Request{Path: req.Path, Generation: req.Generation})
@@ -290,11 +255,11 @@ func (sc *serverConn) answer(src dtl.Source, req getReq) bool {
 		}
 		return sc.refuseRequest(req, dtl.CodeOf(err), err)
 	}
-	if !sc.setFile(f) {
+	if !sc.sending.Set(f) {
 		return false
 	}
-	defer sc.clearFile()
-	regular, err := sc.checkFile(f, info)
+	defer sc.sending.Clear()
+	regular, err := wire.CheckFile(f, info)
 	if err != nil {
 		return sc.refuseRequest(req, dtl.CodeInternal, err)
 	}
@@ -303,12 +268,12 @@ func (sc *serverConn) answer(src dtl.Source, req getReq) bool {
 	// once its data is sent (see sendFile); otherwise a refusal replaces it.
 	unchanged := func() error { return src.Unchanged(f, info) }
 	err = sc.sendFile(f, info, regular, unchanged)
-	var se *sourceError
+	var se *wire.SourceError
 	if errors.As(err, &se) {
 		// Told to the consumer in place of the end frame: the
 		// connection is in step.
-		t.stats.refused.Add(1)
-		t.log.Warn("could not read a file while sending it; refused", "peer", sc.remote, "node", sc.node, "path", req.Path, "size", info.Size, "err", se.err)
+		t.stats.Refused.Add(1)
+		t.log.Warn("could not read a file while sending it; refused", "peer", sc.remote, "node", sc.node, "path", req.Path, "size", info.Size, "err", se.Err)
 		return true
 	}
 	if err != nil {
@@ -317,7 +282,7 @@ func (sc *serverConn) answer(src dtl.Source, req getReq) bool {
 		}
 		return false
 	}
-	t.stats.served.Add(1)
+	t.stats.Served.Add(1)
 	t.log.Debug("served", "peer", sc.remote, "node", sc.node, "path", req.Path, "size", info.Size, "took", time.Since(start))
 	return true
 }
@@ -326,7 +291,7 @@ func (sc *serverConn) answer(src dtl.Source, req getReq) bool {
 // usable.
 func (sc *serverConn) refuseRequest(req getReq, code uint16, err error) bool {
 	t := sc.t
-	t.stats.refused.Add(1)
+	t.stats.Refused.Add(1)
 	t.log.Info("refused request", "peer", sc.remote, "node", sc.node, "path", req.Path, "gen", req.Generation, "err", err)
 	return sc.send(appendError(sc.out[:0], errFrame{Code: code, Msg: err.Error()})) == nil
 }
@@ -361,7 +326,7 @@ func (sc *serverConn) answerMessage(msg []byte) bool {
 		t.log.Debug("reply not sent", "peer", sc.remote, "node", sc.node, "err", err)
 		return false
 	}
-	t.stats.answered.Add(1)
+	t.stats.Answered.Add(1)
 	return true
 }
 
@@ -369,57 +334,16 @@ func (sc *serverConn) answerMessage(msg []byte) bool {
 // connection stays usable.
 func (sc *serverConn) refuseMessage(code uint16, reason string, level slog.Level) bool {
 	t := sc.t
-	t.stats.refused.Add(1)
+	t.stats.Refused.Add(1)
 	t.log.Log(t.ctx, level, "refused message", "peer", sc.remote, "node", sc.node, "reason", reason)
 	return sc.send(appendError(sc.out[:0], errFrame{Code: code, Msg: reason})) == nil
-}
-
-// checkPath refuses, before the Source sees it, any path that is not a
-// clean relative path inside the managed directory. The Source confines
-// paths itself; this is the second lock on the door.
-func checkPath(p string) error {
-	switch {
-	case p == "" || p == ".":
-		return fmt.Errorf("empty path: %w", dtl.ErrOutside)
-	case strings.IndexByte(p, 0) >= 0:
-		return fmt.Errorf("path %q contains a NUL byte: %w", p, dtl.ErrOutside)
-	case strings.HasPrefix(p, "/"):
-		return fmt.Errorf("path %q is absolute: %w", p, dtl.ErrOutside)
-	}
-	for elem := range strings.SplitSeq(p, "/") {
-		if elem == "" || elem == "." || elem == ".." {
-			return fmt.Errorf("path %q is not clean: %w", p, dtl.ErrOutside)
-		}
-	}
-	return nil
-}
-
-// checkFile checks that what the Source opened is what it describes, and
-// tells whether it is a regular file (which can be sent with sendfile and
-// scanned for holes). Anything else is read sequentially from where it
-// stands, which only tests do.
-func (sc *serverConn) checkFile(f *os.File, info dtl.FileInfo) (regular bool, err error) {
-	if info.Size < 0 {
-		return false, fmt.Errorf("source described a negative size %d", info.Size)
-	}
-	st, err := f.Stat()
-	if err != nil {
-		return false, err
-	}
-	if !st.Mode().IsRegular() {
-		return false, nil
-	}
-	if st.Size() != info.Size {
-		return false, fmt.Errorf("%s is %d bytes, its description says %d: it changed since it was published", f.Name(), st.Size(), info.Size)
-	}
-	return true, nil
 }
 
 // sendFile sends header, chunks and end for f. If, once the data is out,
 // unchanged says the file changed meanwhile, a refusal (busy) replaces the
 // end frame and the consumer discards what it received. So does one
 // (unreadable, or busy if the file shrank) when f cannot be read to its
-// end: sendFile returns a *sourceError then, and the connection stays in
+// end: sendFile returns a *wire.SourceError then, and the connection stays in
 // step.
 func (sc *serverConn) sendFile(f *os.File, info dtl.FileInfo, regular bool, unchanged func() error) error {
 	sc.conn.SetWriteDeadline(time.Now().Add(sc.t.cfg.StallTimeout))
@@ -438,23 +362,24 @@ func (sc *serverConn) sendFile(f *os.File, info dtl.FileInfo, regular bool, unch
 				return err
 			}
 			off, n, total = off+c, n-c, total+c
-			sc.t.stats.bytesSent.Add(c)
+			sc.t.stats.BytesSent.Add(c)
 		}
 		return nil
 	}
 	var err error
 	if regular && info.Size > smallChunk {
-		err = dataExtents(f, info.Size, emit)
+		// A failed seek fails the connection, as a failed send does.
+		err = wire.DataExtents(f, info.Size, emit, func(err error) error { return err })
 	} else {
 		// Small files go whole, without looking for holes.
 		err = emit(0, info.Size)
 	}
-	var se *sourceError
+	var se *wire.SourceError
 	if errors.As(err, &se) {
-		if err := sc.pad(se.pad); err != nil {
+		if err := sc.pad(se.Pad); err != nil {
 			return err
 		}
-		sc.bw.Write(appendError(sc.out[:0], errFrame{Code: se.code(), Msg: se.err.Error()}))
+		sc.bw.Write(appendError(sc.out[:0], errFrame{Code: se.Code(), Msg: se.Err.Error()}))
 		if err := sc.bw.Flush(); err != nil {
 			return err
 		}
@@ -471,27 +396,6 @@ func (sc *serverConn) sendFile(f *os.File, info dtl.FileInfo, regular bool, unch
 	}
 	sc.bw.Write(appendEnd(sc.out[:0], total))
 	return sc.bw.Flush()
-}
-
-// sourceError is a failure to read the file being sent (not to send it):
-// the server tells the consumer, after pad bytes that complete the chunk
-// under way.
-type sourceError struct {
-	err error
-	pad int64
-}
-
-func (e *sourceError) Error() string { return e.err.Error() }
-func (e *sourceError) Unwrap() error { return e.err }
-
-// code is what the consumer is told: a file that ended early changed
-// (busy: a new version will be published); one that could not be read is
-// unreadable.
-func (e *sourceError) code() uint16 {
-	if errors.Is(e.err, io.ErrUnexpectedEOF) {
-		return dtl.CodeBusy
-	}
-	return dtl.CodeUnreadable
 }
 
 // zeros pads chunks that a source error cut short.
@@ -520,7 +424,7 @@ func (sc *serverConn) sendChunk(f *os.File, off, n int64) error {
 		// Read first: a file that cannot be read is refused before
 		// its chunk begins.
 		if k, err := f.ReadAt(sc.data[:n], off); err != nil {
-			return readFailed(f, off+int64(k), err, 0)
+			return wire.ReadFailed(f, off+int64(k), err, 0)
 		}
 		sc.bw.Write(appendChunk(sc.out[:0], chunkHdr{Off: off, Len: n}))
 		_, err := sc.bw.Write(sc.data[:n])
@@ -531,7 +435,7 @@ func (sc *serverConn) sendChunk(f *os.File, off, n int64) error {
 		return err
 	}
 	if _, err := f.Seek(off, io.SeekStart); err != nil {
-		return &sourceError{err: fmt.Errorf("%w: seek %s: %w", dtl.ErrUnreadable, f.Name(), err), pad: n}
+		return wire.SeekFailed(f, err, n)
 	}
 	// With an *os.File under the LimitedReader, ReadFrom is sendfile.
 	sent, err := sc.conn.ReadFrom(&io.LimitedReader{R: f, N: n})
@@ -544,18 +448,9 @@ func (sc *serverConn) sendChunk(f *os.File, off, n int64) error {
 		if rerr == nil {
 			rerr = io.EOF
 		}
-		return readFailed(f, off+sent, rerr, n-sent)
+		return wire.ReadFailed(f, off+sent, rerr, n-sent)
 	}
 	return err // the connection failed
-}
-
-// readFailed describes a failure to read f at off, with pad bytes of the
-// chunk under way still to send.
-func readFailed(f *os.File, off int64, err error, pad int64) error {
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return &sourceError{err: fmt.Errorf("%s ended at %d, before its described size: %w", f.Name(), off, io.ErrUnexpectedEOF), pad: pad}
-	}
-	return &sourceError{err: fmt.Errorf("%w: read %s at %d: %w", dtl.ErrUnreadable, f.Name(), off, err), pad: pad}
 }
 
 // sendSequential sends one chunk of a file that cannot seek, such as a
@@ -578,40 +473,8 @@ func (sc *serverConn) sendSequential(f *os.File, off, n int64) error {
 			off += int64(r)
 		}
 		if err != nil && n > 0 {
-			return readFailed(f, off, err, n)
+			return wire.ReadFailed(f, off, err, n)
 		}
-	}
-	return nil
-}
-
-// dataExtents calls emit for each extent of data in f's first size bytes,
-// in order, skipping holes (SEEK_DATA, SEEK_HOLE). Where the filesystem
-// cannot tell, the whole file is one extent.
-func dataExtents(f *os.File, size int64, emit func(off, n int64) error) error {
-	var off int64
-	for off < size {
-		data, err := f.Seek(off, unix.SEEK_DATA)
-		switch {
-		case errors.Is(err, unix.ENXIO):
-			return nil // only a hole from off to the end
-		case err != nil && off == 0:
-			return emit(0, size) // no SEEK_DATA here
-		case err != nil:
-			return err
-		case data >= size:
-			return nil
-		}
-		hole, err := f.Seek(data, unix.SEEK_HOLE)
-		if err != nil {
-			return err
-		}
-		if hole <= data || hole > size {
-			hole = size
-		}
-		if err := emit(data, hole-data); err != nil {
-			return err
-		}
-		off = hole
 	}
 	return nil
 }

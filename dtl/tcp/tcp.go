@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/dtl/wire"
 )
 
 // Tuning. Only the server idle timeout is a field (tests shorten it).
@@ -55,23 +56,7 @@ const (
 var errClosed = fmt.Errorf("tcp transport: %w", net.ErrClosed)
 
 // Stats counts what a Transport did. All counters only grow.
-type Stats struct {
-	Dials     int64 // connections a client opened (handshake done)
-	Reused    int64 // fetches and messages that went out on a pooled connection
-	Retried   int64 // fetches and messages retried because a pooled connection had gone stale
-	Accepts   int64 // connections a server accepted
-	Served    int64 // files a server sent completely
-	Refused   int64 // requests, messages and peers a server refused
-	BytesSent int64 // data bytes a server sent
-	BytesRecv int64 // data bytes a client received
-	Messages  int64 // messages a client sent and had a reply to
-	Answered  int64 // messages a server's handler answered
-}
-
-type counters struct {
-	dials, reused, retried, accepts, served, refused, bytesSent, bytesRecv atomic.Int64
-	messages, answered                                                     atomic.Int64
-}
+type Stats = wire.Stats
 
 // handlerFunc answers peers' messages (see dtl.MessageHandler).
 type handlerFunc = func(ctx context.Context, from string, msg []byte) ([]byte, error)
@@ -106,7 +91,7 @@ type Transport struct {
 	// handler answers messages: the served Source's, if it answers them.
 	handler atomic.Pointer[handlerFunc]
 
-	stats counters
+	stats wire.Counters
 
 	// serverIdle is how long a server waits for the next request (tests
 	// shorten it).
@@ -196,13 +181,7 @@ func (t *Transport) Addr() string {
 
 // Stats returns the counters.
 func (t *Transport) Stats() Stats {
-	s := &t.stats
-	return Stats{
-		Dials: s.dials.Load(), Reused: s.reused.Load(), Retried: s.retried.Load(),
-		Accepts: s.accepts.Load(), Served: s.served.Load(), Refused: s.refused.Load(),
-		BytesSent: s.bytesSent.Load(), BytesRecv: s.bytesRecv.Load(),
-		Messages: s.messages.Load(), Answered: s.answered.Load(),
-	}
+	return t.stats.Load()
 }
 
 // Close stops listening, closes idle connections, ends the transfers in

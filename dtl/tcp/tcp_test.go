@@ -10,13 +10,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/dyadfs/dyadfs/internal/poll"
 
 	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/dtl/dtltest"
@@ -33,25 +30,7 @@ type opts struct {
 // the test, and its log.
 func newTransport(t testing.TB, secret []byte, o opts) (*Transport, *dtltest.LogBuf) {
 	t.Helper()
-	cfg := dtl.DefaultConfig()
-	cfg.Node = "node-" + t.Name()
-	if o.node != "" {
-		cfg.Node = o.node
-	}
-	cfg.Listen = "127.0.0.1:0"
-	if o.listen != "" {
-		cfg.Listen = o.listen
-	}
-	cfg.Advertise = o.advertise
-	cfg.Secret = secret
-	if o.stall > 0 {
-		cfg.StallTimeout = o.stall
-	}
-	if o.dial > 0 {
-		cfg.DialTimeout = o.dial
-	}
-	lb := &dtltest.LogBuf{}
-	cfg.Log = slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg, lb := dtltest.Config(t, secret, dtltest.Options{Node: o.node, Listen: o.listen, Advertise: o.advertise, Stall: o.stall, Dial: o.dial})
 	tr, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -87,57 +66,19 @@ func ctxFor(t *testing.T) context.Context {
 }
 
 func TestNewValidates(t *testing.T) {
-	cfg := dtl.DefaultConfig()
-	cfg.Node, cfg.Listen = "n", ":0"
-	cfg.Secret = []byte("short")
-	if _, err := New(cfg); err == nil {
-		t.Error("New accepted a 5-byte secret")
-	}
-	cfg.Secret = dtltest.NewSecret()
-	cfg.StallTimeout = 0
-	if _, err := New(cfg); err == nil {
-		t.Error("New accepted a zero stall timeout")
-	}
+	dtltest.CheckNewValidates(t, New)
 }
 
 func TestAddr(t *testing.T) {
 	s := dtltest.NewSecret()
-	for _, c := range []struct {
-		listen, advertise, host string
-	}{
-		{"127.0.0.1:0", "", "127.0.0.1"},
-		{":0", "", dtl.FirstIPv4()},
-		{"0.0.0.0:0", "", dtl.FirstIPv4()},
-		{"127.0.0.1:0", "node7.example:7000", ""},
-	} {
-		tr, _ := newTransport(t, s, opts{listen: c.listen, advertise: c.advertise})
-		if tr.Addr() != "" {
-			t.Errorf("Addr before Serve: %q", tr.Addr())
-		}
-		if err := tr.Serve(dtltest.NewSource(t.TempDir())); err != nil {
-			t.Fatal(err)
-		}
-		if err := tr.Serve(dtltest.NewSource(t.TempDir())); err == nil {
-			t.Error("second Serve succeeded")
-		}
-		got := tr.Addr()
-		if c.advertise != "" {
-			if got != c.advertise {
-				t.Errorf("listen %s advertise %s: Addr %s", c.listen, c.advertise, got)
-			}
-			continue
-		}
-		host, port, err := net.SplitHostPort(got)
-		_, realPort, _ := net.SplitHostPort(tr.ln.Addr().String())
-		if err != nil || host != c.host || port != realPort || port == "0" {
-			t.Errorf("listen %s: Addr %s, want %s:%s", c.listen, got, c.host, realPort)
-		}
-		if ip := net.ParseIP(host); ip == nil || ip.To4() == nil {
-			t.Errorf("listen %s: Addr %s is not an IPv4 address", c.listen, got)
-		}
-		tr.Close()
+	open := func(listen, advertise string) dtl.Transport {
+		tr, _ := newTransport(t, s, opts{listen: listen, advertise: advertise})
+		return tr
 	}
-	t.Logf("this machine advertises %s", dtl.FirstIPv4())
+	dtltest.CheckAddr(t, open, func(tr dtl.Transport) string {
+		_, port, _ := net.SplitHostPort(tr.(*Transport).ln.Addr().String())
+		return port
+	})
 }
 
 // TestReuse: fetches to one server share one connection.
@@ -294,61 +235,20 @@ func TestUnauthorizedServer(t *testing.T) {
 
 // TestDialFailures: nothing listening, and a listener that never answers.
 func TestDialFailures(t *testing.T) {
-	client, _ := newTransport(t, dtltest.NewSecret(), opts{dial: 200 * time.Millisecond})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
-	if _, err := client.Fetch(ctxFor(t), dead, dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); !errors.Is(err, dtl.ErrUnavailable) {
-		t.Errorf("nothing listening: got %v, want %v", err, dtl.ErrUnavailable)
-	}
-	// The kernel completes connections that nobody accepts.
-	mute, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mute.Close()
-	start := time.Now()
-	_, err = client.Fetch(ctxFor(t), mute.Addr().String(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
-	if !errors.Is(err, dtl.ErrUnavailable) {
-		t.Errorf("mute listener: got %v, want %v", err, dtl.ErrUnavailable)
-	}
-	if took := time.Since(start); took > 2*time.Second {
-		t.Errorf("mute listener: took %v with a 200ms dial timeout", took)
-	}
+	const dial = 200 * time.Millisecond
+	client, _ := newTransport(t, dtltest.NewSecret(), opts{dial: dial})
+	dtltest.CheckDialFailures(t, client, dial)
 }
 
 // TestCloseEndsEverything: Close with idle, active and serving
 // connections returns once all of them are gone, and leaks no goroutine.
 func TestCloseEndsEverything(t *testing.T) {
-	before := runtime.NumGoroutine()
-	func() {
+	dtltest.CheckNoLeak(t, func() {
 		s := dtltest.NewSecret()
 		server, src, _ := served(t, s, opts{})
 		client, _ := newTransport(t, s, opts{})
-		src.WriteFile("f", []byte("f"))
-		writers := src.Stream("slow", 1<<30)
-		ctx := ctxFor(t)
-		for range 5 {
-			if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); err != nil {
-				t.Fatal(err)
-			}
-		}
 		done := make(chan error, 4)
-		for range 4 {
-			f := dtltest.Dst(t)
-			go func() {
-				_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "slow"}, dtl.NewSink(f))
-				done <- err
-			}()
-		}
-		for range 4 {
-			w := <-writers
-			defer w.Close()
-			w.Write(make([]byte, 10000))
-		}
+		defer dtltest.CloseAll(dtltest.Underway(t, ctxFor(t), client, server.Addr(), src, done))
 		// The server's goroutines are blocked reading pipes that
 		// nobody writes: Close must end them.
 		server.Close()
@@ -358,13 +258,7 @@ func TestCloseEndsEverything(t *testing.T) {
 			}
 		}
 		client.Close()
-	}()
-	// Runtime goroutines (timers, AfterFunc) finish on their own.
-	poll.Within(5*time.Second, func() bool { return runtime.NumGoroutine() <= before })
-	if after := runtime.NumGoroutine(); after > before {
-		buf := make([]byte, 1<<20)
-		t.Errorf("%d goroutines before, %d after:\n%s", before, after, buf[:runtime.Stack(buf, true)])
-	}
+	})
 }
 
 // TestCloseWhileFetching: a client's Close ends its own Fetches, which
@@ -393,22 +287,7 @@ func TestSparseSendsOnlyData(t *testing.T) {
 	s := dtltest.NewSecret()
 	server, src, _ := served(t, s, opts{})
 	client, _ := newTransport(t, s, opts{})
-	name := filepath.Join(src.Root(), "sparse")
-	f, _ := os.Create(name)
-	f.Truncate(1 << 30)
-	f.WriteAt(bytes.Repeat([]byte("d"), 8192), 1<<29)
-	f.Close()
-	got := dtltest.Dst(t)
-	info, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "sparse"}, dtl.NewSink(got))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.Size != 1<<30 {
-		t.Fatalf("size %d", info.Size)
-	}
-	if sent := server.Stats().BytesSent; sent > 1<<20 {
-		t.Errorf("sent %d bytes for 8 KiB of data", sent)
-	}
+	dtltest.FetchSparse(t, client, server, src, func() int64 { return server.Stats().BytesSent })
 }
 
 // TestShrunkFile: a file that is shorter than its description is not sent
@@ -416,34 +295,8 @@ func TestSparseSendsOnlyData(t *testing.T) {
 func TestShrunkFile(t *testing.T) {
 	s := dtltest.NewSecret()
 	server, _ := newTransport(t, s, opts{})
-	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "f"), make([]byte, 3<<20), 0o644)
-	if err := server.Serve(lyingSource{dir: dir, size: 4 << 20}); err != nil {
-		t.Fatal(err)
-	}
 	client, _ := newTransport(t, s, opts{})
-	_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
-	if err == nil {
-		t.Fatal("a file shorter than described was received")
-	}
-	t.Log(err)
-}
-
-// lyingSource describes its files with a wrong size.
-type lyingSource struct {
-	dir  string
-	size int64
-}
-
-func (l lyingSource) Unchanged(*os.File, dtl.FileInfo) error { return nil }
-
-func (l lyingSource) OpenPublished(ctx context.Context, req dtl.Request) (*os.File, dtl.FileInfo, error) {
-	p := req.Path
-	f, err := os.Open(filepath.Join(l.dir, p))
-	if err != nil {
-		return nil, dtl.FileInfo{}, dtl.ErrNotFound
-	}
-	return f, dtl.FileInfo{Size: l.size, Mode: 0o100644, Generation: 1}, nil
+	dtltest.CheckShrunkFile(t, server, client)
 }
 
 // flipProxy forwards connections to target and inverts one byte of what

@@ -99,15 +99,7 @@ var benchWires = []struct{ name, tls string }{
 // percentile besides the rate.
 func benchFetch(b *testing.B, wire string, size, parallel int) {
 	server, client, src := benchPair(b, wire)
-	data := make([]byte, size)
-	rand.Read(data)
-	if err := src.WriteFile("f", data); err != nil {
-		b.Fatal(err)
-	}
-	// Hashed once, as a producer does at publish.
-	if err := src.Publish("f"); err != nil {
-		b.Fatal(err)
-	}
+	dtltest.PublishRandom(b, src, "f", size)
 	measureFetches(b, client, server.Addr(), "f", size, parallel)
 }
 

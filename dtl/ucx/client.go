@@ -20,8 +20,8 @@ import (
 	"unsafe"
 
 	"github.com/dyadfs/dyadfs/dtl"
-
 	"github.com/dyadfs/dyadfs/dtl/peerauth"
+	"github.com/dyadfs/dyadfs/dtl/wire"
 )
 
 // clientOp is one Fetch or Message: its own state and completion signal
@@ -154,11 +154,8 @@ func (t *Transport) enter() error {
 // once; if that endpoint turns out to have been closed by the owner before
 // it answered, Fetch retries once on a new one.
 func (t *Transport) Fetch(ctx context.Context, addr string, req dtl.Request, dst *dtl.Sink) (dtl.FileInfo, error) {
-	if !dst.Valid() {
-		return dtl.FileInfo{}, errors.New("ucx transport: nil destination file")
-	}
-	if len(req.Path) > maxPath {
-		return dtl.FileInfo{}, fmt.Errorf("ucx transport: path of %d bytes is longer than any file name (%d): %w", len(req.Path), maxPath, dtl.ErrNotFound)
+	if err := wire.CheckFetch("ucx", req, dst); err != nil {
+		return dtl.FileInfo{}, err
 	}
 	if err := t.enter(); err != nil {
 		return dtl.FileInfo{}, err
@@ -169,11 +166,11 @@ func (t *Transport) Fetch(ctx context.Context, addr string, req dtl.Request, dst
 		op.path, op.gen, op.owner = req.Path, req.Generation, req.Owner
 		info, stale, err := t.fetch(ctx, op, dst)
 		if err == nil {
-			t.stats.bytesRecv.Add(info.Size)
+			t.stats.BytesRecv.Add(info.Size)
 			return info, nil
 		}
 		if stale && attempt == 0 {
-			t.stats.retried.Add(1)
+			t.stats.Retried.Add(1)
 			t.log.Debug("endpoint was closed by the owner; retrying on a new one", "addr", addr, "err", err)
 			continue
 		}
@@ -199,11 +196,11 @@ func (t *Transport) Message(ctx context.Context, addr, node string, msg []byte) 
 		op.owner, op.msg = node, msg
 		reply, stale, err := t.message(ctx, op)
 		if err == nil {
-			t.stats.messages.Add(1)
+			t.stats.Messages.Add(1)
 			return reply, nil
 		}
 		if stale && attempt == 0 {
-			t.stats.retried.Add(1)
+			t.stats.Retried.Add(1)
 			continue
 		}
 		t.log.Debug("message failed", "addr", addr, "err", err)
@@ -437,7 +434,7 @@ func (w *worker) start(op *clientOp, ap netip.AddrPort) {
 		}
 	} else if e.state == stReady {
 		op.reused = true
-		w.t.stats.reused.Add(1)
+		w.t.stats.Reused.Add(1)
 	}
 	op.ep = e
 	if e.state != stReady {
@@ -576,7 +573,7 @@ func (w *worker) clientHandle(e *endpoint, h header, p []byte) {
 			w.protocolError(e, protoErr("unexpected ready"))
 			return
 		}
-		w.t.stats.dials.Add(1)
+		w.t.stats.Dials.Add(1)
 		w.ready(e)
 		return
 	case tError:

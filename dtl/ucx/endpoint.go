@@ -85,7 +85,7 @@ func (w *worker) accept(req C.ucp_conn_request_h) {
 		peer = C.GoString(&buf[0])
 	}
 	if w.handshaking >= maxHandshaking {
-		w.t.stats.refused.Add(1)
+		w.t.stats.Refused.Add(1)
 		w.log.Warn("too many peers authenticating; refused one", "peer", peer, "max", maxHandshaking)
 		C.ucp_listener_reject(w.listener, req)
 		return
@@ -99,7 +99,7 @@ func (w *worker) accept(req C.ucp_conn_request_h) {
 	w.eps[e.ep] = e
 	w.nEndpoints.Add(1)
 	w.handshaking++
-	w.t.stats.accepts.Add(1)
+	w.t.stats.Accepts.Add(1)
 }
 
 // epFailed is an endpoint's error callback: the peer died, closed, or
@@ -139,7 +139,7 @@ func (w *worker) protocolError(e *endpoint, err error) {
 // the endpoint, id 0) and closes the endpoint after flushing it, so that
 // the message arrives first.
 func (w *worker) refuseEP(e *endpoint, code uint16, version uint64, reason string) {
-	w.t.stats.refused.Add(1)
+	w.t.stats.Refused.Add(1)
 	w.log.Warn("refused peer", "peer", e.addr, "node", e.node, "reason", reason)
 	w.send(e, header{typ: tError, code: code, a: version}, []byte(cut(reason)), nil)
 	w.closeEP(e, fmt.Errorf("ucx transport: refused peer %s: %s", e.addr, reason), false)

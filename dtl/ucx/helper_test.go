@@ -216,11 +216,7 @@ func TestPeerKilled(t *testing.T) {
 				if i == 3 {
 					p = "big"
 				}
-				dst := dtltest.Dst(t)
-				go func() {
-					_, err := client.Fetch(ctx, h.addr, dtl.Request{Path: p}, dtl.NewSink(dst))
-					done <- err
-				}()
+				dtltest.FetchAsync(t, ctx, client, h.addr, p, done)
 			}
 			for range 3 {
 				h.expect(t, "streaming")
@@ -253,9 +249,7 @@ func TestPeerKilled(t *testing.T) {
 			if _, err := client.Fetch(ctx, again.addr, dtl.Request{Path: "big"}, dtl.NewSink(dst)); err != nil {
 				t.Fatalf("fetch from the restarted owner: %v", err)
 			}
-			if got, want := fileSum(t, dst.Name()), fileSum(t, filepath.Join(h.dir, "big")); got != want {
-				t.Error("content differs")
-			}
+			dtltest.SameContent(t, dst.Name(), filepath.Join(h.dir, "big"))
 			poolsFull(t, client)
 		})
 	}

@@ -34,29 +34,17 @@ func TestMessenger(t *testing.T) {
 
 // messaging is a server of node "owner" whose handler is h, serving a
 // fresh Source, and a client of node "asker" holding the same secret.
-func messaging(t *testing.T, o opts, h handlerFunc) (server, client *Transport, src *dtltest.Source) {
-	t.Helper()
-	s := dtltest.NewSecret()
-	so := o
-	so.node = "owner"
-	server, _ = testTransport(t, s, so)
-	if h != nil {
-		server.handler.Store(&h)
-	}
-	src = dtltest.NewSource(t.TempDir())
-	if err := server.Serve(src); err != nil {
-		t.Fatal(err)
-	}
-	co := o
-	co.node = "asker"
-	client, _ = testTransport(t, s, co)
-	return server, client, src
+func messaging(t *testing.T, h handlerFunc) (server, client *Transport, src *dtltest.Source) {
+	return dtltest.Messaging(t, func(t *testing.T, node string, secret []byte) *Transport {
+		tr, _ := testTransport(t, secret, opts{node: node})
+		return tr
+	}, h)
 }
 
 // TestMessagesConcurrent: many messages at once on one endpoint, each
 // answered with its own reply.
 func TestMessagesConcurrent(t *testing.T) {
-	server, client, _ := messaging(t, opts{}, dtltest.Echo)
+	server, client, _ := messaging(t, dtltest.Echo)
 	ctx := ctxFor(t)
 	var wg sync.WaitGroup
 	for i := range 500 {

@@ -107,7 +107,7 @@ func TestNetns(t *testing.T) {
 					t.Fatalf("fetch %s: %v", p, err)
 				}
 				sf, _ := os.Open(filepath.Join(h.dir, p))
-				ext := extentsOf(t, sf, info.Size)
+				ext := dtltest.Extents(sf, info.Size)
 				if sparseSum(t, sf, ext) != sparseSum(t, dst, ext) {
 					t.Errorf("%s: content differs", p)
 				}

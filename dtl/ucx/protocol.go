@@ -8,8 +8,8 @@ import (
 	"strings"
 
 	"github.com/dyadfs/dyadfs/dtl"
-
 	"github.com/dyadfs/dyadfs/dtl/peerauth"
+	"github.com/dyadfs/dyadfs/dtl/wire"
 )
 
 // The wire format. Every message is one active message (one AM id; UCX
@@ -52,12 +52,11 @@ const (
 	magic        = "dyadfs-ucx"
 	protoVersion = uint32(2)
 	hdrLen       = 32
-	infoLen      = 52
+	infoLen      = wire.InfoLen
 	nonceLen     = peerauth.NonceLen
 	macLen       = peerauth.MACLen
 	maxNode      = peerauth.MaxNode
-	// maxPath is Linux's PATH_MAX: no longer path names a file.
-	maxPath = 4096
+	maxPath      = wire.MaxPath
 	// maxReason bounds an error's reason (longer ones are cut).
 	maxReason = 1024
 )
@@ -161,16 +160,6 @@ func appendStr8(b []byte, s string) []byte {
 	return append(append(b, byte(len(s))), s...)
 }
 
-func appendInfo(b []byte, fi dtl.FileInfo) []byte {
-	b = binary.BigEndian.AppendUint64(b, uint64(fi.Size))
-	b = binary.BigEndian.AppendUint32(b, fi.Mode)
-	b = binary.BigEndian.AppendUint32(b, fi.Uid)
-	b = binary.BigEndian.AppendUint32(b, fi.Gid)
-	b = binary.BigEndian.AppendUint64(b, uint64(fi.MtimeNs))
-	b = binary.BigEndian.AppendUint64(b, fi.Generation)
-	return append(b, fi.Checksum[:]...)
-}
-
 func parseInfo(b []byte) (dtl.FileInfo, error) {
 	if len(b) != infoLen {
 		return dtl.FileInfo{}, protoErr("file description of %d bytes, want %d", len(b), infoLen)
@@ -238,26 +227,6 @@ func parseChallenge(p []byte) (challenge, error) {
 	copy(c.mac[:], p[nonceLen:])
 	c.node = string(p[fixed+1:])
 	return c, nil
-}
-
-// checkPath refuses, before the Source sees it, any path that is not a
-// clean relative path inside the managed directory. The Source confines
-// paths itself; this is the second lock on the door.
-func checkPath(p string) error {
-	switch {
-	case p == "" || p == ".":
-		return fmt.Errorf("empty path: %w", dtl.ErrOutside)
-	case strings.IndexByte(p, 0) >= 0:
-		return fmt.Errorf("path %q contains a NUL byte: %w", p, dtl.ErrOutside)
-	case strings.HasPrefix(p, "/"):
-		return fmt.Errorf("path %q is absolute: %w", p, dtl.ErrOutside)
-	}
-	for elem := range strings.SplitSeq(p, "/") {
-		if elem == "" || elem == "." || elem == ".." {
-			return fmt.Errorf("path %q is not clean: %w", p, dtl.ErrOutside)
-		}
-	}
-	return nil
 }
 
 // cut shortens a reason to what an error message carries.

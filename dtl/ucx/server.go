@@ -9,15 +9,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/dyadfs/dyadfs/dtl"
-
 	"github.com/dyadfs/dyadfs/dtl/peerauth"
+	"github.com/dyadfs/dyadfs/dtl/wire"
 )
 
 // serveOp is one request an owner answers: a file being sent, in its own
@@ -38,10 +35,7 @@ type serveOp struct {
 	inflight atomic.Int32  // chunks sent and not yet pulled by the consumer
 	freed    chan struct{} // a chunk completed (capacity 1)
 
-	mu      sync.Mutex
-	file    *os.File // the file being sent
-	aborted bool
-	err     error // why it was aborted
+	sending wire.Sending // the file being sent, and why the transfer was aborted
 }
 
 // final is the last message of an answer.
@@ -53,53 +47,12 @@ type final struct {
 // abort ends the transfer from the worker: the goroutine sees its context
 // end, and the file is closed whatever its read is blocked in (a pipe).
 func (op *serveOp) abort(err error) {
-	op.mu.Lock()
-	if op.aborted {
-		op.mu.Unlock()
-		return
-	}
-	op.aborted, op.err = true, err
-	f := op.file
-	op.mu.Unlock()
-	op.cancel()
-	if f != nil {
-		f.Close()
-	}
+	op.sending.Abort(err, op.cancel)
 }
 
 func (op *serveOp) isAborted() bool {
-	op.mu.Lock()
-	defer op.mu.Unlock()
-	return op.aborted
-}
-
-func (op *serveOp) abortErr() error {
-	op.mu.Lock()
-	defer op.mu.Unlock()
-	return op.err
-}
-
-// setFile records the file being sent, so that abort can close it. It
-// reports false, having closed f, if the transfer is aborted.
-func (op *serveOp) setFile(f *os.File) bool {
-	op.mu.Lock()
-	defer op.mu.Unlock()
-	if op.aborted {
-		f.Close()
-		return false
-	}
-	op.file = f
-	return true
-}
-
-func (op *serveOp) clearFile() {
-	op.mu.Lock()
-	f := op.file
-	op.file = nil
-	op.mu.Unlock()
-	if f != nil {
-		f.Close()
-	}
+	aborted, _ := op.sending.Aborted()
+	return aborted
 }
 
 // chunkDone is called by the worker when a chunk's request completed.
@@ -207,7 +160,7 @@ func (w *worker) onGet(e *endpoint, h header, p []byte) {
 		return
 	}
 	path := string(p)
-	if err := checkPath(path); err != nil {
+	if err := wire.CheckPath(path); err != nil {
 		w.refuseRequest(e, h.id, path, h.a, dtl.CodeOutside, err)
 		return
 	}
@@ -226,7 +179,7 @@ func (w *worker) onGet(e *endpoint, h header, p []byte) {
 
 // refuseRequest answers a request with an error; the endpoint stays.
 func (w *worker) refuseRequest(e *endpoint, id uint64, path string, gen uint64, code uint16, err error) {
-	w.t.stats.refused.Add(1)
+	w.t.stats.Refused.Add(1)
 	w.log.Info("refused request", "peer", e.addr, "node", e.node, "path", path, "gen", gen, "err", err)
 	w.send(e, header{typ: tError, id: id, code: code}, []byte(cut(err.Error())), nil)
 }
@@ -240,7 +193,7 @@ func (w *worker) sendData(op *serveOp, slot int, off, n, size int64) {
 		if err != nil {
 			op.abort(fmt.Errorf("sending %d bytes at %d: %w", n, off, err))
 		} else {
-			w.t.stats.bytesSent.Add(n)
+			w.t.stats.BytesSent.Add(n)
 		}
 		op.chunkDone()
 	}
@@ -307,13 +260,13 @@ func (w *worker) answer(e *endpoint, id uint64, reply []byte, err error) {
 	}
 	w.send(e, header{typ: tReply, id: id}, reply, func(err error) {
 		if err == nil {
-			w.t.stats.answered.Add(1)
+			w.t.stats.Answered.Add(1)
 		}
 	})
 }
 
 func (w *worker) refuseMessage(e *endpoint, id uint64, code uint16, reason string, level slog.Level) {
-	w.t.stats.refused.Add(1)
+	w.t.stats.Refused.Add(1)
 	w.log.Log(context.Background(), level, "refused message", "peer", e.addr, "node", e.node, "reason", reason)
 	w.send(e, header{typ: tError, id: id, code: code}, []byte(cut(reason)), nil)
 }
@@ -342,11 +295,11 @@ func (t *Transport) serveFile(op *serveOp, src dtl.Source) *final {
 		}
 		return op.refusal(dtl.CodeOf(err), err)
 	}
-	if !op.setFile(f) {
+	if !op.sending.Set(f) {
 		return nil
 	}
-	defer op.clearFile()
-	regular, err := checkFile(f, info)
+	defer op.sending.Clear()
+	regular, err := wire.CheckFile(f, info)
 	if err != nil {
 		return op.refusal(dtl.CodeInternal, err)
 	}
@@ -356,7 +309,7 @@ func (t *Transport) serveFile(op *serveOp, src dtl.Source) *final {
 	}
 	t.w.submit(func(w *worker) {
 		if !op.isAborted() {
-			w.send(op.ep, header{typ: tHeader, id: op.id}, appendInfo(nil, info), nil)
+			w.send(op.ep, header{typ: tHeader, id: op.id}, wire.AppendInfo(nil, info), nil)
 		}
 	})
 	stall := time.NewTimer(t.cfg.StallTimeout)
@@ -367,16 +320,16 @@ func (t *Transport) serveFile(op *serveOp, src dtl.Source) *final {
 	if werr := op.waitChunks(0, stall); werr != nil && err == nil {
 		err = werr
 	}
-	if op.isAborted() {
-		t.log.Debug("transfer aborted", "peer", op.peer, "node", op.node, "path", op.path, "why", op.abortErr())
+	if aborted, why := op.sending.Aborted(); aborted {
+		t.log.Debug("transfer aborted", "peer", op.peer, "node", op.node, "path", op.path, "why", why)
 		return nil
 	}
-	var se *sourceError
+	var se *wire.SourceError
 	switch {
 	case errors.As(err, &se):
-		t.stats.refused.Add(1)
-		t.log.Warn("could not read a file while sending it; refused", "peer", op.peer, "node", op.node, "path", op.path, "size", info.Size, "err", se.err)
-		return &final{header{typ: tError, id: op.id, code: se.code()}, []byte(cut(se.err.Error()))}
+		t.stats.Refused.Add(1)
+		t.log.Warn("could not read a file while sending it; refused", "peer", op.peer, "node", op.node, "path", op.path, "size", info.Size, "err", se.Err)
+		return &final{header{typ: tError, id: op.id, code: se.Code()}, []byte(cut(se.Err.Error()))}
 	case err != nil:
 		if op.ctx.Err() == nil {
 			t.log.Warn("transfer failed", "peer", op.peer, "node", op.node, "path", op.path, "size", info.Size, "err", err)
@@ -388,14 +341,14 @@ func (t *Transport) serveFile(op *serveOp, src dtl.Source) *final {
 		t.log.Info("file changed while it was sent; refused", "peer", op.peer, "node", op.node, "path", op.path, "err", err)
 		return &final{header{typ: tError, id: op.id, code: dtl.CodeOf(err)}, []byte(cut(err.Error()))}
 	}
-	t.stats.served.Add(1)
+	t.stats.Served.Add(1)
 	t.log.Debug("served", "peer", op.peer, "node", op.node, "path", op.path, "size", info.Size, "sent", total, "took", time.Since(start))
 	return &final{h: header{typ: tEnd, id: op.id, a: uint64(total)}}
 }
 
 // serveSmall reads a small file whole and sends it with its description.
 func (t *Transport) serveSmall(op *serveOp, src dtl.Source, f *os.File, info dtl.FileInfo, regular bool) *final {
-	b := appendInfo(make([]byte, 0, infoLen+int(info.Size)), info)
+	b := wire.AppendInfo(make([]byte, 0, infoLen+int(info.Size)), info)
 	data := b[infoLen : infoLen+int(info.Size)]
 	var k int
 	var err error
@@ -411,17 +364,17 @@ func (t *Transport) serveSmall(op *serveOp, src dtl.Source, f *os.File, info dtl
 		if op.isAborted() {
 			return nil
 		}
-		se := readFailed(f, int64(k), err).(*sourceError)
-		t.stats.refused.Add(1)
-		t.log.Warn("could not read a file to send it; refused", "peer", op.peer, "node", op.node, "path", op.path, "err", se.err)
-		return &final{header{typ: tError, id: op.id, code: se.code()}, []byte(cut(se.err.Error()))}
+		se := wire.ReadFailed(f, int64(k), err, 0)
+		t.stats.Refused.Add(1)
+		t.log.Warn("could not read a file to send it; refused", "peer", op.peer, "node", op.node, "path", op.path, "err", se.Err)
+		return &final{header{typ: tError, id: op.id, code: se.Code()}, []byte(cut(se.Err.Error()))}
 	}
 	if err := src.Unchanged(f, info); err != nil {
 		t.log.Info("file changed while it was read; refused", "peer", op.peer, "node", op.node, "path", op.path, "err", err)
 		return &final{header{typ: tError, id: op.id, code: dtl.CodeOf(err)}, []byte(cut(err.Error()))}
 	}
-	t.stats.served.Add(1)
-	t.stats.bytesSent.Add(info.Size)
+	t.stats.Served.Add(1)
+	t.stats.BytesSent.Add(info.Size)
 	return &final{header{typ: tFile, id: op.id}, b[:infoLen+int(info.Size)]}
 }
 
@@ -457,7 +410,7 @@ func (t *Transport) sendExtents(op *serveOp, f *os.File, info dtl.FileInfo, regu
 				if op.isAborted() {
 					return op.ctx.Err()
 				}
-				return readFailed(f, off+int64(k), err)
+				return wire.ReadFailed(f, off+int64(k), err, 0)
 			}
 			op.inflight.Add(1)
 			at := off
@@ -471,7 +424,9 @@ func (t *Transport) sendExtents(op *serveOp, f *os.File, info dtl.FileInfo, regu
 		return nil
 	}
 	if regular {
-		return total, dataExtents(f, info.Size, emit)
+		// A failed seek is a file that cannot be read, told to the
+		// consumer in place of the end.
+		return total, wire.DataExtents(f, info.Size, emit, func(err error) error { return wire.SeekFailed(f, err, 0) })
 	}
 	return total, emit(0, info.Size)
 }
@@ -497,85 +452,7 @@ func (op *serveOp) takeSlot(p *pool, stall *time.Timer) (int, error) {
 
 // refusal logs and counts a refused request, and is its answer.
 func (op *serveOp) refusal(code uint16, err error) *final {
-	op.t.stats.refused.Add(1)
+	op.t.stats.Refused.Add(1)
 	op.t.log.Info("refused request", "peer", op.peer, "node", op.node, "path", op.path, "gen", op.gen, "err", err)
 	return &final{header{typ: tError, id: op.id, code: code}, []byte(cut(err.Error()))}
-}
-
-// checkFile checks that what the Source opened is what it describes, and
-// tells whether it is a regular file (read at offsets and scanned for
-// holes). Anything else is read sequentially from where it stands, which
-// only tests do.
-func checkFile(f *os.File, info dtl.FileInfo) (regular bool, err error) {
-	if info.Size < 0 {
-		return false, fmt.Errorf("source described a negative size %d", info.Size)
-	}
-	st, err := f.Stat()
-	if err != nil {
-		return false, err
-	}
-	if !st.Mode().IsRegular() {
-		return false, nil
-	}
-	if st.Size() != info.Size {
-		return false, fmt.Errorf("%s is %d bytes, its description says %d: it changed since it was published", f.Name(), st.Size(), info.Size)
-	}
-	return true, nil
-}
-
-// sourceError is a failure to read the file being sent (not to send it):
-// the consumer is told in place of the end.
-type sourceError struct{ err error }
-
-func (e *sourceError) Error() string { return e.err.Error() }
-func (e *sourceError) Unwrap() error { return e.err }
-
-// code is what the consumer is told: a file that ended early changed
-// (busy: a new version will be published); one that could not be read is
-// unreadable.
-func (e *sourceError) code() uint16 {
-	if errors.Is(e.err, io.ErrUnexpectedEOF) {
-		return dtl.CodeBusy
-	}
-	return dtl.CodeUnreadable
-}
-
-// readFailed describes a failure to read f at off.
-func readFailed(f *os.File, off int64, err error) error {
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return &sourceError{fmt.Errorf("%s ended at %d, before its described size: %w", f.Name(), off, io.ErrUnexpectedEOF)}
-	}
-	return &sourceError{fmt.Errorf("%w: read %s at %d: %w", dtl.ErrUnreadable, f.Name(), off, err)}
-}
-
-// dataExtents calls emit for each extent of data in f's first size bytes,
-// in order, skipping holes (SEEK_DATA, SEEK_HOLE). Where the filesystem
-// cannot tell, the whole file is one extent.
-func dataExtents(f *os.File, size int64, emit func(off, n int64) error) error {
-	var off int64
-	for off < size {
-		data, err := f.Seek(off, unix.SEEK_DATA)
-		switch {
-		case errors.Is(err, unix.ENXIO):
-			return nil // only a hole from off to the end
-		case err != nil && off == 0:
-			return emit(0, size) // no SEEK_DATA here
-		case err != nil:
-			return &sourceError{fmt.Errorf("%w: seek %s: %w", dtl.ErrUnreadable, f.Name(), err)}
-		case data >= size:
-			return nil
-		}
-		hole, err := f.Seek(data, unix.SEEK_HOLE)
-		if err != nil {
-			return &sourceError{fmt.Errorf("%w: seek %s: %w", dtl.ErrUnreadable, f.Name(), err)}
-		}
-		if hole <= data || hole > size {
-			hole = size
-		}
-		if err := emit(data, hole-data); err != nil {
-			return err
-		}
-		off = hole
-	}
-	return nil
 }

@@ -1,20 +1,15 @@
 package ucx
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/dyadfs/dyadfs/dtl/wire"
+)
 
 // Stats counts what a Transport did and shows its buffer pools. Counters
 // only grow; the pool and endpoint figures are the current ones.
 type Stats struct {
-	Dials     int64 // endpoints a client opened and authenticated
-	Reused    int64 // fetches and messages that went out on an open endpoint
-	Retried   int64 // fetches and messages retried because an open endpoint had gone stale
-	Accepts   int64 // endpoints a server accepted
-	Served    int64 // files a server sent completely
-	Refused   int64 // requests, messages and peers a server refused
-	BytesSent int64 // data bytes a server sent
-	BytesRecv int64 // data bytes a client received
-	Messages  int64 // messages a client sent and had a reply to
-	Answered  int64 // messages a server's handler answered
+	wire.Stats // the counters every binary transport keeps
 
 	// The registered buffer pools: slots in all and slots free now. Once
 	// transfers are over (every UCX request completed), Free equals

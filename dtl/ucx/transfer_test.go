@@ -9,18 +9,14 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/dtl/dtltest"
@@ -79,8 +75,8 @@ func TestManySmallConcurrent(t *testing.T) {
 						t.Errorf("fetch %s: %v", p, err)
 						return
 					}
-					if got := fileSum(t, f.Name()); got != sums[i%files] {
-						t.Errorf("fetch %s: content differs", p)
+					if got, err := dtltest.FileSum(f.Name()); err != nil || got != sums[i%files] {
+						t.Errorf("fetch %s: content differs (%v)", p, err)
 					}
 				})
 			}
@@ -92,42 +88,6 @@ func TestManySmallConcurrent(t *testing.T) {
 			poolsFull(t, server)
 		})
 	}
-}
-
-func fileSum(t testing.TB, name string) [32]byte {
-	f, err := os.Open(name)
-	if err != nil {
-		t.Error(err)
-		return [32]byte{}
-	}
-	defer f.Close()
-	h := sha256.New()
-	io.Copy(h, f)
-	var s [32]byte
-	h.Sum(s[:0])
-	return s
-}
-
-// extentsOf lists f's data extents.
-func extentsOf(t testing.TB, f *os.File, size int64) [][2]int64 {
-	var out [][2]int64
-	fd := int(f.Fd())
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if err != nil {
-			if !errors.Is(err, unix.ENXIO) {
-				t.Fatalf("SEEK_DATA: %v", err)
-			}
-			break
-		}
-		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
-		if err != nil || hole <= data {
-			hole = size
-		}
-		out = append(out, [2]int64{data, min(hole, size)})
-		off = hole
-	}
-	return out
 }
 
 // sparseSum hashes a sparse file by its data: the offset, length and bytes
@@ -212,7 +172,7 @@ func TestLargeConcurrent(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				ext := extentsOf(t, sf, size)
+				ext := dtltest.Extents(sf, size)
 				if a, b := sparseSum(t, sf, ext), sparseSum(t, dst, ext); a != b {
 					t.Errorf("file %d: content differs", i)
 				}
@@ -222,7 +182,7 @@ func TestLargeConcurrent(t *testing.T) {
 				}
 				// Whatever data the copy holds lies within the
 				// source's extents (elsewhere it would not be zeros).
-				for _, d := range extentsOf(t, dst, size) {
+				for _, d := range dtltest.Extents(dst, size) {
 					inside := false
 					for _, e := range ext {
 						inside = inside || (d[0] >= e[0] && d[1] <= e[1])
@@ -265,8 +225,8 @@ func TestSmallPools(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			if fileSum(t, dst.Name()) != want {
-				t.Error("content differs")
+			if got, err := dtltest.FileSum(dst.Name()); err != nil || got != want {
+				t.Errorf("content differs (%v)", err)
 			}
 		})
 	}
@@ -298,8 +258,8 @@ func TestTwoWays(t *testing.T) {
 		wg.Go(func() {
 			if _, err := from.Fetch(ctx, to.Addr(), dtl.Request{Path: "f", Owner: to.cfg.Node}, dtl.NewSink(dst)); err != nil {
 				t.Error(err)
-			} else if fileSum(t, dst.Name()) != want {
-				t.Error("content differs")
+			} else if got, err := dtltest.FileSum(dst.Name()); err != nil || got != want {
+				t.Errorf("content differs (%v)", err)
 			}
 		})
 	}
@@ -330,17 +290,9 @@ func TestServerClosedThenNewServer(t *testing.T) {
 				if i == 4 {
 					p = "big"
 				}
-				dst := dtltest.Dst(t)
-				go func() {
-					_, err := client.Fetch(ctx, addr, dtl.Request{Path: p}, dtl.NewSink(dst))
-					done <- err
-				}()
+				dtltest.FetchAsync(t, ctx, client, addr, p, done)
 			}
-			for range 4 {
-				w := <-writers
-				defer w.Close()
-				w.Write(make([]byte, 60<<10))
-			}
+			defer dtltest.CloseAll(dtltest.Feed(writers, 4, 60<<10))
 			closing := time.Now()
 			go server.Close()
 			for range 5 {
@@ -373,8 +325,8 @@ func TestServerClosedThenNewServer(t *testing.T) {
 			if _, err := client.Fetch(ctx, again.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dst)); err != nil {
 				t.Fatalf("fetch from an owner at the old address: %v", err)
 			}
-			if fileSum(t, dst.Name()) != sha256.Sum256(big) {
-				t.Error("content differs")
+			if got, err := dtltest.FileSum(dst.Name()); err != nil || got != sha256.Sum256(big) {
+				t.Errorf("content differs (%v)", err)
 			}
 			poolsFull(t, client)
 		})
@@ -400,17 +352,9 @@ func TestClientCloseCancels(t *testing.T) {
 				if i%2 == 1 {
 					p = "sparse"
 				}
-				dst := dtltest.Dst(t)
-				go func() {
-					_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: p}, dtl.NewSink(dst))
-					done <- err
-				}()
+				dtltest.FetchAsync(t, ctx, client, server.Addr(), p, done)
 			}
-			for range 4 {
-				w := <-writers
-				defer w.Close()
-				w.Write(make([]byte, 60<<10))
-			}
+			defer dtltest.CloseAll(dtltest.Feed(writers, 4, 60<<10))
 			closing := time.Now()
 			client.Close()
 			for range 8 {
@@ -440,8 +384,7 @@ func TestClientCloseCancels(t *testing.T) {
 // both ways and messages being handled returns once all of them are gone,
 // and leaves no goroutine behind.
 func TestCloseEndsEverything(t *testing.T) {
-	before := runtime.NumGoroutine()
-	func() {
+	dtltest.CheckNoLeak(t, func() {
 		s := dtltest.NewSecret()
 		server, src, serverLog := served(t, s, opts{})
 		client, clientLog := testTransport(t, s, opts{})
@@ -450,32 +393,14 @@ func TestCloseEndsEverything(t *testing.T) {
 			return nil, ctx.Err()
 		})
 		server.handler.Store(&slowHandler)
-		src.WriteFile("f", []byte("f"))
-		writers := src.Stream("slow", 1<<30)
 		ctx := ctxFor(t)
-		for range 5 {
-			if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); err != nil {
-				t.Fatal(err)
-			}
-		}
 		done := make(chan error, 6)
-		for range 4 {
-			f := dtltest.Dst(t)
-			go func() {
-				_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "slow"}, dtl.NewSink(f))
-				done <- err
-			}()
-		}
+		defer dtltest.CloseAll(dtltest.Underway(t, ctx, client, server.Addr(), src, done))
 		for range 2 {
 			go func() {
 				_, err := client.Message(ctx, server.Addr(), "", []byte("wait"))
 				done <- err
 			}()
-		}
-		for range 4 {
-			w := <-writers
-			defer w.Close()
-			w.Write(make([]byte, 10000))
 		}
 		// The server's goroutines are blocked reading pipes nobody
 		// writes, its handlers wait for the end: Close must end them.
@@ -492,12 +417,7 @@ func TestCloseEndsEverything(t *testing.T) {
 				t.Errorf("an error logged by closing:\n%s", lb)
 			}
 		}
-	}()
-	poll.Within(5*time.Second, func() bool { return runtime.NumGoroutine() <= before })
-	if after := runtime.NumGoroutine(); after > before {
-		buf := make([]byte, 1<<20)
-		t.Errorf("%d goroutines before, %d after:\n%s", before, after, buf[:runtime.Stack(buf, true)])
-	}
+	})
 }
 
 // TestWrongSecretRefused: a consumer of another job is refused before the
@@ -561,11 +481,7 @@ func TestCancelReleases(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 4)
 		for range 4 {
-			dst := dtltest.Dst(t)
-			go func() {
-				_, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "big"}, dtl.NewSink(dst))
-				done <- err
-			}()
+			dtltest.FetchAsync(t, ctx, client, server.Addr(), "big", done)
 		}
 		time.Sleep(20 * time.Millisecond) // some chunks in flight
 		cancel()
@@ -586,37 +502,11 @@ func TestCancelReleases(t *testing.T) {
 // an unspecified host, an address of this machine.
 func TestAddr(t *testing.T) {
 	s := dtltest.NewSecret()
-	for _, c := range []struct {
-		listen, advertise, host string
-	}{
-		{"127.0.0.1:0", "", "127.0.0.1"},
-		{":0", "", dtl.FirstIPv4()},
-		{"0.0.0.0:0", "", dtl.FirstIPv4()},
-		{"127.0.0.1:0", "node7.example:7000", ""},
-	} {
-		tr, _ := testTransport(t, s, opts{listen: c.listen, advertise: c.advertise})
-		if tr.Addr() != "" {
-			t.Errorf("Addr before Serve: %q", tr.Addr())
-		}
-		if err := tr.Serve(dtltest.NewSource(t.TempDir())); err != nil {
-			t.Fatal(err)
-		}
-		if err := tr.Serve(dtltest.NewSource(t.TempDir())); err == nil {
-			t.Error("second Serve succeeded")
-		}
-		got := tr.Addr()
-		if c.advertise != "" {
-			if got != c.advertise {
-				t.Errorf("listen %s advertise %s: Addr %s", c.listen, c.advertise, got)
-			}
-			continue
-		}
-		host, port, err := net.SplitHostPort(got)
-		if err != nil || host != c.host || port == "0" {
-			t.Errorf("listen %s: Addr %s, want host %s and a port", c.listen, got, c.host)
-		}
-		tr.Close()
+	open := func(listen, advertise string) dtl.Transport {
+		tr, _ := testTransport(t, s, opts{listen: listen, advertise: advertise})
+		return tr
 	}
+	dtltest.CheckAddr(t, open, nil)
 	// A port taken by someone else.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -633,17 +523,7 @@ func TestAddr(t *testing.T) {
 
 // TestNewValidates: bad configurations are refused.
 func TestNewValidates(t *testing.T) {
-	cfg := dtl.DefaultConfig()
-	cfg.Node, cfg.Listen = "n", ":0"
-	cfg.Secret = []byte("short")
-	if _, err := New(cfg); err == nil {
-		t.Error("New accepted a 5-byte secret")
-	}
-	cfg.Secret = dtltest.NewSecret()
-	cfg.Node = string(make([]byte, 300))
-	if _, err := New(cfg); err == nil {
-		t.Error("New accepted a 300-byte node id")
-	}
+	dtltest.CheckNewValidates(t, New)
 }
 
 // TestGoSignalsSurviveUCX: UCX installs handlers for SIGSEGV and the like;
@@ -664,22 +544,7 @@ func TestSparseSendsOnlyData(t *testing.T) {
 	s := dtltest.NewSecret()
 	server, src, _ := served(t, s, opts{})
 	client, _ := testTransport(t, s, opts{})
-	name := filepath.Join(src.Root(), "sparse")
-	f, _ := os.Create(name)
-	f.Truncate(1 << 30)
-	f.WriteAt(bytes.Repeat([]byte("d"), 8192), 1<<29)
-	f.Close()
-	got := dtltest.Dst(t)
-	info, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "sparse"}, dtl.NewSink(got))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.Size != 1<<30 {
-		t.Fatalf("size %d", info.Size)
-	}
-	if sent := server.Stats().BytesSent; sent > 1<<20 {
-		t.Errorf("sent %d bytes for 8 KiB of data", sent)
-	}
+	got := dtltest.FetchSparse(t, client, server, src, func() int64 { return server.Stats().BytesSent })
 	var st syscall.Stat_t
 	syscall.Fstat(int(got.Fd()), &st)
 	if st.Blocks*512 > 1<<20 {
@@ -691,33 +556,9 @@ func TestSparseSendsOnlyData(t *testing.T) {
 // accepts and never speaks UCX fails within the dial timeout; both as
 // dtl.ErrUnavailable.
 func TestDialFailures(t *testing.T) {
-	client, _ := testTransport(t, dtltest.NewSecret(), opts{dial: 300 * time.Millisecond})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
-	start := time.Now()
-	if _, err := client.Fetch(ctxFor(t), dead, dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); !errors.Is(err, dtl.ErrUnavailable) {
-		t.Errorf("nothing listening: got %v, want %v", err, dtl.ErrUnavailable)
-	}
-	if took := time.Since(start); took > time.Second {
-		t.Errorf("nothing listening: took %v", took)
-	}
-	mute, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mute.Close()
-	start = time.Now()
-	_, err = client.Fetch(ctxFor(t), mute.Addr().String(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
-	if !errors.Is(err, dtl.ErrUnavailable) {
-		t.Errorf("mute listener: got %v, want %v", err, dtl.ErrUnavailable)
-	}
-	if took := time.Since(start); took > 2*time.Second {
-		t.Errorf("mute listener: took %v with a 300ms dial timeout", took)
-	}
+	const dial = 300 * time.Millisecond
+	client, _ := testTransport(t, dtltest.NewSecret(), opts{dial: dial})
+	dtltest.CheckDialFailures(t, client, dial)
 	if _, err := client.Fetch(ctxFor(t), "no-such-host.invalid:7000", dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); !errors.Is(err, dtl.ErrUnavailable) {
 		t.Errorf("unknown host: got %v, want %v", err, dtl.ErrUnavailable)
 	}
@@ -752,33 +593,8 @@ func TestJunkOnThePort(t *testing.T) {
 func TestShrunkFile(t *testing.T) {
 	s := dtltest.NewSecret()
 	server, _ := testTransport(t, s, opts{})
-	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "f"), make([]byte, 3<<20), 0o644)
-	if err := server.Serve(lyingSource{dir: dir, size: 4 << 20}); err != nil {
-		t.Fatal(err)
-	}
 	client, _ := testTransport(t, s, opts{})
-	_, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t)))
-	if err == nil {
-		t.Fatal("a file shorter than described was received")
-	}
-	t.Log(err)
+	dtltest.CheckShrunkFile(t, server, client)
 	poolsFull(t, client)
 	poolsFull(t, server)
-}
-
-// lyingSource describes its files with a wrong size.
-type lyingSource struct {
-	dir  string
-	size int64
-}
-
-func (l lyingSource) Unchanged(*os.File, dtl.FileInfo) error { return nil }
-
-func (l lyingSource) OpenPublished(ctx context.Context, req dtl.Request) (*os.File, dtl.FileInfo, error) {
-	f, err := os.Open(filepath.Join(l.dir, req.Path))
-	if err != nil {
-		return nil, dtl.FileInfo{}, dtl.ErrNotFound
-	}
-	return f, dtl.FileInfo{Size: l.size, Mode: 0o100644, Generation: 1}, nil
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/dtl/wire"
 )
 
 // Built tells whether this binary was built with UCX (the ucx build tag).
@@ -71,11 +72,6 @@ func defaultTuning() tuning {
 	}
 }
 
-type counters struct {
-	dials, reused, retried, accepts, served, refused, bytesSent, bytesRecv atomic.Int64
-	messages, answered                                                     atomic.Int64
-}
-
 // handlerFunc answers peers' messages (see dtl.MessageHandler).
 type handlerFunc = func(ctx context.Context, from string, msg []byte) ([]byte, error)
 
@@ -103,7 +99,7 @@ type Transport struct {
 	handler atomic.Pointer[handlerFunc]
 
 	w     *worker
-	stats counters
+	stats wire.Counters
 }
 
 var (
@@ -203,13 +199,9 @@ func (t *Transport) Addr() string {
 
 // Stats returns the counters and the state of the buffer pools.
 func (t *Transport) Stats() Stats {
-	s := &t.stats
 	w := t.w
 	return Stats{
-		Dials: s.dials.Load(), Reused: s.reused.Load(), Retried: s.retried.Load(),
-		Accepts: s.accepts.Load(), Served: s.served.Load(), Refused: s.refused.Load(),
-		BytesSent: s.bytesSent.Load(), BytesRecv: s.bytesRecv.Load(),
-		Messages: s.messages.Load(), Answered: s.answered.Load(),
+		Stats:     t.stats.Load(),
 		SendSlots: w.sendPool.n, SendFree: w.sendPool.freeSlots(),
 		RecvSlots: w.recvPool.n, RecvFree: w.recvPool.freeSlots(),
 		Endpoints: w.nEndpoints.Load(), InFlight: w.nInFlight.Load(),

@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"log/slog"
 	"os"
 	"strings"
 	"testing"
@@ -38,28 +37,7 @@ type opts struct {
 // the test, and its log.
 func testTransport(t testing.TB, secret []byte, o opts) (*Transport, *dtltest.LogBuf) {
 	t.Helper()
-	cfg := dtl.DefaultConfig()
-	cfg.Node = "node-" + t.Name()
-	if len(cfg.Node) > maxNode {
-		cfg.Node = cfg.Node[:maxNode]
-	}
-	if o.node != "" {
-		cfg.Node = o.node
-	}
-	cfg.Listen = "127.0.0.1:0"
-	if o.listen != "" {
-		cfg.Listen = o.listen
-	}
-	cfg.Advertise = o.advertise
-	cfg.Secret = secret
-	if o.stall > 0 {
-		cfg.StallTimeout = o.stall
-	}
-	if o.dial > 0 {
-		cfg.DialTimeout = o.dial
-	}
-	lb := &dtltest.LogBuf{}
-	cfg.Log = slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg, lb := dtltest.Config(t, secret, dtltest.Options{Node: o.node, Listen: o.listen, Advertise: o.advertise, Stall: o.stall, Dial: o.dial})
 	tun := defaultTuning()
 	tun.ucx = map[string]string{"TLS": "tcp"}
 	if o.tls != "" {
