@@ -150,13 +150,8 @@ func (d *DMD) WaitPath(ctx context.Context, rel string, tid uint32) (string, err
 	if err != nil || h.complete {
 		return d.pathIf(rel, h.complete), err
 	}
-	ctx, cancel := d.waitContext(ctx)
-	defer cancel()
-	start := time.Now()
-	d.stats.opensWaited.Add(1)
-	defer func() { d.stats.waited(time.Since(start)) }()
-	done, waitFor := d.startWait(rel, tid, "publish")
-	defer done()
+	ctx, waitFor, end := d.openWaits(ctx, rel, tid, "publish")
+	defer end()
 	ctx = context.WithValue(ctx, waitForKey{}, waitFor)
 
 	// A record that arrived with a notice: sent ahead of its publish, or

@@ -1,6 +1,7 @@
 package dmd
 
 import (
+	"context"
 	"sort"
 	"sync"
 	"time"
@@ -103,4 +104,19 @@ func (d *DMD) Waiters() []Waiter {
 	ws.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Seconds > out[j].Seconds })
 	return out
+}
+
+// openWaits begins the wait of an open of rel by thread tid for what: it
+// is bounded as every wait is (see waitContext), counted, and listed in
+// the status until end is called. now changes what it waits for.
+func (d *DMD) openWaits(ctx context.Context, rel string, tid uint32, what string) (wctx context.Context, now func(string), end func()) {
+	ctx, cancel := d.waitContext(ctx)
+	start := time.Now()
+	d.stats.opensWaited.Add(1)
+	done, now := d.startWait(rel, tid, what)
+	return ctx, now, func() {
+		done()
+		d.stats.waited(time.Since(start))
+		cancel()
+	}
 }

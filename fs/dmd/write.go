@@ -475,13 +475,8 @@ func (d *DMD) WaitComplete(ctx context.Context, id FileID, rel string, tid uint3
 		return nil
 	}
 
-	ctx, cancel := d.waitContext(ctx)
-	defer cancel()
-	start := time.Now()
-	d.stats.opensWaited.Add(1)
-	defer func() { d.stats.waited(time.Since(start)) }()
-	done, _ := d.startWait(rel, tid, "writer")
-	defer done()
+	ctx, _, end := d.openWaits(ctx, rel, tid, "writer")
+	defer end()
 	for {
 		d.mu.Lock()
 		ws := d.busy[id]

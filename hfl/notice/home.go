@@ -453,24 +453,7 @@ func (h *homeSide) silent(p, node string) {
 	h.mu.Lock()
 	_, telling := h.revoking[node]
 	h.revoking[node] = time.Now()
-	for dir, d := range h.dirs {
-		if _, ok := d.listers[node]; ok {
-			delete(d.listers, node)
-			h.nholders--
-		}
-		for name, e := range d.entries {
-			if _, ok := e.holders[node]; ok {
-				delete(e.holders, node)
-				h.nholders--
-			}
-			if !e.known && len(e.holders) == 0 {
-				delete(d.entries, name)
-			}
-		}
-		if len(d.entries) == 0 && len(d.listers) == 0 {
-			delete(h.dirs, dir)
-		}
-	}
+	h.dropHoldersLocked(func(holder string, _ time.Time) bool { return holder == node })
 	h.mu.Unlock()
 	if telling {
 		return // the revocation on its way covers these too
@@ -576,21 +559,20 @@ func (h *homeSide) sweep(ctx context.Context) {
 	}
 }
 
-// expire forgets promises older than promiseTTL, and entries that neither
-// are known nor held.
-func (h *homeSide) expire(now time.Time) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+// dropHoldersLocked forgets the promises (of paths and of listings) for
+// which drop, given the holder and when its promise was made or renewed,
+// is true, and the entries and directories left with nothing to keep.
+func (h *homeSide) dropHoldersLocked(drop func(holder string, at time.Time) bool) {
 	for dir, d := range h.dirs {
 		for node, at := range d.listers {
-			if now.Sub(at) > h.n.t.promiseTTL {
+			if drop(node, at) {
 				delete(d.listers, node)
 				h.nholders--
 			}
 		}
 		for name, e := range d.entries {
 			for node, at := range e.holders {
-				if now.Sub(at) > h.n.t.promiseTTL {
+				if drop(node, at) {
 					delete(e.holders, node)
 					h.nholders--
 				}
@@ -603,6 +585,14 @@ func (h *homeSide) expire(now time.Time) {
 			delete(h.dirs, dir)
 		}
 	}
+}
+
+// expire forgets promises older than promiseTTL, and entries that neither
+// are known nor held.
+func (h *homeSide) expire(now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.dropHoldersLocked(func(_ string, at time.Time) bool { return now.Sub(at) > h.n.t.promiseTTL })
 	for p, a := range h.ahead {
 		if now.Sub(a.at) >= aheadTTL {
 			delete(h.ahead, p)
