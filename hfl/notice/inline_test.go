@@ -188,18 +188,22 @@ func TestHandleMessageRefusesBadBytes(t *testing.T) {
 	store := &slowStore{Store: embedded.New()}
 	locs, _ := noticeCluster(t, 1, store)
 	ctx := context.Background()
-	prov := `{"k":"pub","rec":{"path":"a","owner":"n9","size":3,"gen":0,"prov":true}`
-	for _, msg := range []string{
-		prov + `,"inline":{"uid":1,"gid":1}}`,            // described, not sent
-		prov + "}\x00abc",                                // sent, not described
-		prov + `,"inline":{"uid":1,"gid":1}}` + "\x00ab", // not the record's size
-		strings.Replace(prov, `"size":3`, fmt.Sprintf(`"size":%d`, hfl.InlineMax+1), 1) + `,"inline":{}}` + "\x00" + strings.Repeat("x", hfl.InlineMax+1),
+	prov := func(size int64, data []byte) []byte {
+		msg := notice{Kind: kindPublished, Rec: &hfl.Record{Path: "a", Owner: "n9", Size: size, Provisional: true}}
+		if data != nil {
+			msg.Inline = &hfl.Inline{Data: data}
+		}
+		return encodeNotice(msg)
+	}
+	for _, msg := range [][]byte{
+		prov(3, []byte("ab")), // not the record's size
+		prov(hfl.InlineMax+1, bytes.Repeat([]byte("x"), hfl.InlineMax+1)), // too large to travel
 	} {
-		if _, err := locs[0].HandleMessage(ctx, "n9", []byte(msg)); err == nil {
+		if _, err := locs[0].HandleMessage(ctx, "n9", msg); err == nil {
 			t.Errorf("notice %.80q was taken", msg)
 		}
 	}
-	if _, err := locs[0].HandleMessage(ctx, "n9", []byte(prov+`,"inline":{"uid":1,"gid":1}}`+"\x00abc")); err != nil {
+	if _, err := locs[0].HandleMessage(ctx, "n9", prov(3, []byte("abc"))); err != nil {
 		t.Errorf("a good notice was refused: %v", err)
 	}
 }

@@ -1,9 +1,7 @@
 package notice
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/dyadfs/dyadfs/hfl"
@@ -90,89 +88,80 @@ func currentTiming() timing {
 
 // A notice message. Kind says which fields count.
 type notice struct {
-	Kind   string      `json:"k"`
-	Rec    *hfl.Record `json:"rec,omitempty"`
-	Member *hfl.Member `json:"member,omitempty"`
+	Kind   kind
+	Rec    *hfl.Record
+	Member *hfl.Member
 	// Path is the path a notice is about (a directory for kindList).
-	Path  string `json:"path,omitempty"`
-	After uint64 `json:"after,omitempty"`
+	Path  string
+	After uint64
 	// Gen is a removal's generation (kindUnpublished, kindBreak without
 	// Rec).
-	Gen uint64 `json:"gen,omitempty"`
+	Gen uint64
 	// Ahead: a provisional record answers the ask too.
-	Ahead bool `json:"ahead,omitempty"`
+	Ahead bool
 	// Inline is Rec's bytes, for a small file.
-	Inline *hfl.Inline `json:"inline,omitempty"`
+	Inline *hfl.Inline
 	// Publish numbers an owner's publishes: its provisional and its
 	// committed notice of one publish carry the same number.
-	Publish uint64 `json:"pn,omitempty"`
+	Publish uint64
 	// Sync: reply once every holder was told.
-	Sync bool `json:"sync,omitempty"`
+	Sync bool
 	// Listing: the holder holds the listing of the path's directory,
 	// which the change is part of; ListingEnded: that promise ends.
-	Listing      bool `json:"ls,omitempty"`
-	ListingEnded bool `json:"lse,omitempty"`
+	Listing      bool
+	ListingEnded bool
 	// Held: the home keeps the node a break goes to as a holder of the
 	// path (its promise is renewed); without, it only held the listing.
-	Held bool `json:"held,omitempty"`
+	Held bool
 	// Forwarded: a new home passing a change on to the previous one.
-	Forwarded bool `json:"fwd,omitempty"`
+	Forwarded bool
 }
 
+// kind is what a notice says.
+type kind byte
+
 const (
-	kindPublished   = "pub"   // owner → home: Rec (provisional, committed or writing)
-	kindUnpublished = "unpub" // remover → home: Path, Gen
-	kindAsk         = "ask"   // node → home: Path, After, Ahead; registers the asker
-	kindList        = "list"  // node → home: Path (a directory); registers the asker for the listing
-	kindBreak       = "brk"   // home → holder: Path, Rec or Gen, Listing
-	kindJoin        = "join"  // a starting daemon → every member: hfl.Member
-	kindRevoke      = "rvk"   // home → holder it took for cut off: its promises from the home are void
+	kindPublished   kind = iota + 1 // owner → home: Rec (provisional, committed or writing)
+	kindUnpublished                 // remover → home: Path, Gen
+	kindAsk                         // node → home: Path, After, Ahead; registers the asker
+	kindList                        // node → home: Path (a directory); registers the asker for the listing
+	kindBreak                       // home → holder: Path, Rec or Gen, Listing
+	kindJoin                        // a starting daemon → every member: Member
+	kindRevoke                      // home → holder it took for cut off: its promises from the home are void
 )
+
+func (k kind) String() string {
+	switch k {
+	case kindPublished:
+		return "pub"
+	case kindUnpublished:
+		return "unpub"
+	case kindAsk:
+		return "ask"
+	case kindList:
+		return "list"
+	case kindBreak:
+		return "brk"
+	case kindJoin:
+		return "join"
+	case kindRevoke:
+		return "rvk"
+	}
+	return fmt.Sprintf("kind(%d)", byte(k))
+}
 
 // reply answers a notice. Home is the answering home's incarnation, so
 // that a holder's promise names the daemon that made it.
 type reply struct {
-	Rec    *hfl.Record `json:"rec,omitempty"`
-	Inline *hfl.Inline `json:"inline,omitempty"`
+	Rec    *hfl.Record
+	Inline *hfl.Inline
 	// Known: the home knows the path's state (Rec, or Gen of its removal);
 	// if not, the asker reads the store.
-	Known bool      `json:"known,omitempty"`
-	Gen   uint64    `json:"gen,omitempty"`
-	Home  time.Time `json:"home,omitempty"`
+	Known bool
+	Gen   uint64
+	Home  time.Time
 	// NoPromise: the home keeps too many holders to register one more.
-	NoPromise bool `json:"nop,omitempty"`
-}
-
-// encodeNotice encodes a notice or a reply: JSON, followed, when it
-// carries a small file's bytes, by a NUL byte and the bytes. (JSON text
-// never holds a raw NUL, and decoding the JSON does not scan the bytes.)
-func encodeNotice(v any, in *hfl.Inline) ([]byte, error) {
-	b, err := json.Marshal(v)
-	if err != nil || in == nil {
-		return b, err
-	}
-	b = append(b, 0)
-	return append(b, in.Data...), nil
-}
-
-// decodeNotice decodes what encodeNotice encoded into v, and sets
-// *inline's bytes: a copy, since msg is the transport's. An inline without
-// bytes, or bytes without an inline, is an error.
-func decodeNotice(msg []byte, v any, inline **hfl.Inline) error {
-	head, data, withData := msg, []byte(nil), false
-	if i := bytes.IndexByte(msg, 0); i >= 0 {
-		head, data, withData = msg[:i], msg[i+1:], true
-	}
-	if err := json.Unmarshal(head, v); err != nil {
-		return err
-	}
-	if (*inline != nil) != withData {
-		return errors.New("bytes and their description do not go together")
-	}
-	if withData {
-		(*inline).Data = bytes.Clone(data)
-	}
-	return nil
+	NoPromise bool
 }
 
 // Protocol sends and answers notices for one node: the members, the home
@@ -448,10 +437,7 @@ func (n *Protocol) memberLocked(node string) hfl.Member {
 
 // send delivers a notice to m and returns the reply.
 func (n *Protocol) send(ctx context.Context, m hfl.Member, msg notice) ([]byte, error) {
-	b, err := encodeNotice(msg, msg.Inline)
-	if err != nil {
-		return nil, err
-	}
+	b := encodeNotice(msg)
 	ctx, cancel := context.WithTimeout(ctx, n.t.timeout)
 	defer cancel()
 	n.sent.Add(1)
@@ -474,16 +460,6 @@ func (n *Protocol) sendAside(m hfl.Member, msg notice) {
 	}()
 }
 
-// decodeReply decodes a home's reply.
-func decodeReply(b []byte) (reply, error) {
-	var r reply
-	if len(b) == 0 {
-		return r, nil
-	}
-	err := decodeNotice(b, &r, &r.Inline)
-	return r, err
-}
-
 // withBytes returns rec with a small file's bytes, if this node holds them
 // as its home or was sent them.
 func (n *Protocol) withBytes(rec hfl.Record) hfl.Record {
@@ -502,8 +478,8 @@ func (n *Protocol) HandleMessage(ctx context.Context, from string, msg []byte) (
 	if !n.started.Load() {
 		return nil, errors.New("this node takes no notices yet")
 	}
-	var in notice
-	if err := decodeNotice(msg, &in, &in.Inline); err != nil {
+	in, err := decodeNotice(msg)
+	if err != nil {
 		return nil, fmt.Errorf("bad notice: %w", err)
 	}
 	n.received.Add(1)
@@ -530,26 +506,30 @@ func (n *Protocol) HandleMessage(ctx context.Context, from string, msg []byte) (
 			return nil, fmt.Errorf("bad notice: %d bytes sent with a record of %s of %d bytes", len(rec.Inline.Data), rec.Path, rec.Size)
 		}
 		r := n.home.published(ctx, from, rec, in.Publish, in.Sync, in.Forwarded)
-		return encodeNotice(r, nil)
+		r.Inline = nil
+		return encodeReply(r), nil
 	case kindUnpublished:
 		if _, err := hfl.CleanPath(in.Path); err != nil || in.Gen == 0 {
 			return nil, fmt.Errorf("bad notice: removal of %q at generation %d", in.Path, in.Gen)
 		}
 		r := n.home.unpublished(ctx, from, in.Path, in.Gen, in.Sync, in.Forwarded)
-		return encodeNotice(r, nil)
+		r.Inline = nil
+		return encodeReply(r), nil
 	case kindAsk:
 		if _, err := hfl.CleanPath(in.Path); err != nil {
 			return nil, fmt.Errorf("bad notice: %w", err)
 		}
 		r := n.home.ask(from, in.Path, in.After, in.Ahead)
-		return encodeNotice(r, r.Inline)
+		return encodeReply(r), nil
 	case kindList:
 		if in.Path != "" {
 			if _, err := hfl.CleanPath(in.Path); err != nil {
 				return nil, fmt.Errorf("bad notice: %w", err)
 			}
 		}
-		return encodeNotice(n.home.list(from, in.Path), nil)
+		r := n.home.list(from, in.Path)
+		r.Inline = nil
+		return encodeReply(r), nil
 	case kindRevoke:
 		n.holder.revoked(from)
 		return nil, nil
@@ -569,7 +549,7 @@ func (n *Protocol) HandleMessage(ctx context.Context, from string, msg []byte) (
 		}
 		return nil, nil
 	}
-	return nil, fmt.Errorf("bad notice: unknown kind %q", in.Kind)
+	return nil, fmt.Errorf("bad notice: unknown kind %v", in.Kind)
 }
 
 func (n *Protocol) stats() hfl.NoticeStats {

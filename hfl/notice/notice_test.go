@@ -313,30 +313,40 @@ func TestHandleMessageRefusesBadNotices(t *testing.T) {
 	store := &slowStore{Store: embedded.New()}
 	locs, _ := noticeCluster(t, 1, store)
 	ctx := context.Background()
-	for _, msg := range []string{
-		``, `{`, `[]`, `{"k":"what"}`, `{"k":"pub"}`,
-		`{"k":"pub","rec":{"path":"../etc/passwd","owner":"n9","gen":5}}`,
-		`{"k":"pub","rec":{"path":"a","owner":"","gen":5}}`,
-		`{"k":"pub","rec":{"path":"a","owner":"n9","gen":0}}`,
-		`{"k":"ask","path":"/abs"}`,
+	pub := func(rec hfl.Record) []byte { return encodeNotice(notice{Kind: kindPublished, Rec: &rec}) }
+	good := encodeNotice(notice{Kind: kindAsk, Path: "a"})
+	for _, msg := range [][]byte{
+		nil, {codecVersion}, {codecVersion + 1, byte(kindAsk), 1, 1, 'a'}, good[:len(good)-1], append(good, 0),
+		encodeNotice(notice{Kind: 99}), encodeNotice(notice{Kind: kindPublished}),
+		pub(hfl.Record{Path: "../etc/passwd", Owner: "n9", Generation: 5}),
+		pub(hfl.Record{Path: "a", Generation: 5}),
+		pub(hfl.Record{Path: "a", Owner: "n9"}),
+		encodeNotice(notice{Kind: kindAsk, Path: "/abs"}),
 	} {
-		if _, err := locs[0].HandleMessage(ctx, "n9", []byte(msg)); err == nil {
+		if _, err := locs[0].HandleMessage(ctx, "n9", msg); err == nil {
 			t.Errorf("notice %q was taken", msg)
 		}
 	}
+	if _, err := locs[0].HandleMessage(ctx, "n9", good); err != nil {
+		t.Errorf("a good notice was refused: %v", err)
+	}
 	off, _ := hfl.NewLocator(hfl.DefaultLocatorConfig(), store, nil, hfl.SingleNode)
-	if _, err := off.HandleMessage(ctx, "n9", []byte(`{"k":"ask","path":"a"}`)); err == nil {
+	if _, err := off.HandleMessage(ctx, "n9", good); err == nil {
 		t.Error("a locator without notices answered one")
 	}
 }
 
 func FuzzHandleMessage(f *testing.F) {
-	f.Add([]byte(`{"k":"pub","rec":{"path":"a/b","owner":"n1","gen":7}}`))
-	f.Add([]byte(`{"k":"ask","path":"a/b","after":3,"ahead":true}`))
-	f.Add([]byte(`{"k":"unpub","path":"a/b","gen":9,"sync":true}`))
-	f.Add([]byte(`{"k":"list","path":"a"}`))
-	f.Add([]byte(`{"k":"brk","path":"a/b","rec":{"path":"a/b","owner":"n1","gen":8},"ls":true}`))
-	f.Add([]byte(`{"k":"pub","rec":{"path":"a/b","owner":"n1","size":2,"prov":true},"inline":{},"pn":3}` + "\x00ab"))
+	for _, msg := range []notice{
+		{Kind: kindPublished, Rec: &hfl.Record{Path: "a/b", Owner: "n1", Generation: 7}},
+		{Kind: kindAsk, Path: "a/b", After: 3, Ahead: true},
+		{Kind: kindUnpublished, Path: "a/b", Gen: 9, Sync: true},
+		{Kind: kindList, Path: "a"},
+		{Kind: kindBreak, Path: "a/b", Rec: &hfl.Record{Path: "a/b", Owner: "n1", Generation: 8}, Listing: true},
+		{Kind: kindPublished, Rec: &hfl.Record{Path: "a/b", Owner: "n1", Size: 2, Provisional: true}, Inline: &hfl.Inline{Data: []byte("ab")}, Publish: 3},
+	} {
+		f.Add(encodeNotice(msg))
+	}
 	store := embedded.New()
 	ctx, cancel := context.WithCancel(context.Background())
 	f.Cleanup(cancel)
@@ -376,7 +386,7 @@ func TestNoticeJoinAnnouncesNewMember(t *testing.T) {
 	for _, old := range locs {
 		poll.Until(t, membersRefresh/2, "a member learns of the new one", func() bool { return old.Stats().Notices.Members == 3 })
 	}
-	if _, err := locs[0].HandleMessage(ctx, "n1", []byte(`{"k":"join","member":{"node":"n2","addr":"x:1"}}`)); err == nil {
+	if _, err := locs[0].HandleMessage(ctx, "n1", encodeNotice(notice{Kind: kindJoin, Member: &hfl.Member{Node: "n2", Addr: "x:1"}})); err == nil {
 		t.Error("a join naming another node was taken")
 	}
 }
