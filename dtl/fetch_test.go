@@ -58,21 +58,9 @@ func newFixtureIn(t *testing.T, timeout time.Duration, dst string) *fixture {
 	t.Helper()
 	secret := make([]byte, 32)
 	rand.Read(secret)
-	mk := func(node string) *tcp.Transport {
-		cfg := dtl.DefaultConfig()
-		cfg.Node, cfg.Listen, cfg.Secret = node, "127.0.0.1:0", secret
-		tr, err := tcp.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { tr.Close() })
-		return tr
-	}
-	server, client := mk("owner"), mk("consumer")
-	src := dtltest.NewSource(t.TempDir())
-	if err := server.Serve(src); err != nil {
-		t.Fatal(err)
-	}
+	server := dtltest.Loopback(t, "owner", secret, tcp.New)
+	client := dtltest.Loopback(t, "consumer", secret, tcp.New)
+	src := dtltest.Serving(t, server)
 	fx := &fixture{src: src, owners: &owners{members: map[string]dtl.Peer{"owner": {Addr: server.Addr()}}}, dst: dst}
 	tmp := filepath.Join(fx.dst, ".tmp")
 	os.Mkdir(tmp, 0o700)

@@ -17,16 +17,6 @@ import (
 	"github.com/dyadfs/dyadfs/flux/fluxtest"
 )
 
-func open(t *testing.T, uri string) *flux.Handle {
-	t.Helper()
-	h, err := flux.Open(uri)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
-	return h
-}
-
 func ctxFor(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
@@ -37,7 +27,7 @@ func ctxFor(t *testing.T) context.Context {
 // ranks; services and RPCs, one response and streams; errors as errnos.
 func TestHandle(t *testing.T) {
 	in := fluxtest.Start(t, 2)
-	h0, h1 := open(t, in.URIs[0]), open(t, in.URIs[1])
+	h0, h1 := in.Open(t, 0), in.Open(t, 1)
 	if h0.Rank() != 0 || h1.Rank() != 1 || h0.Size() != 2 {
 		t.Fatalf("ranks %d, %d, size %d", h0.Rank(), h1.Rank(), h0.Size())
 	}
@@ -169,7 +159,7 @@ func TestHandle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h := open(t, in.URIs[1])
+		h := in.Open(t, 1)
 		closing, err := h.Subscribe(ctx, "dyadfs-test.")
 		if err != nil {
 			t.Fatal(err)
@@ -212,7 +202,7 @@ func TestHandle(t *testing.T) {
 	})
 
 	t.Run("Close", func(t *testing.T) {
-		h := open(t, in.URIs[1])
+		h := in.Open(t, 1)
 		before := runtime.NumGoroutine()
 		h.Close()
 		if _, err := h.Lookup(ctx, "", "x"); !errors.Is(err, flux.ErrClosed) {

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/dtl/dtltest"
 	"github.com/dyadfs/dyadfs/dtl/tcp"
 	"github.com/dyadfs/dyadfs/fs/dmd"
@@ -75,21 +74,8 @@ func mountShared(t *testing.T, backing string, ownerSecret []byte) *sharedMount 
 	if ownerSecret == nil {
 		ownerSecret = secret
 	}
-	transport := func(node string, secret []byte) *tcp.Transport {
-		cfg := dtl.DefaultConfig()
-		cfg.Node, cfg.Listen, cfg.Secret = node, "127.0.0.1:0", secret
-		tr, err := tcp.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { tr.Close() })
-		return tr
-	}
-	owner := transport("owner", ownerSecret)
-	src := dtltest.NewSource(t.TempDir())
-	if err := owner.Serve(src); err != nil {
-		t.Fatal(err)
-	}
+	owner := dtltest.Loopback(t, "owner", ownerSecret, tcp.New)
+	src := dtltest.Serving(t, owner)
 
 	mnt, _ := filepath.EvalSymlinks(t.TempDir())
 	if backing == "" {
@@ -100,7 +86,7 @@ func mountShared(t *testing.T, backing string, ownerSecret []byte) *sharedMount 
 	store := &faultyStore{Store: embedded.New()}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	kernel := NewKernelNotifier()
-	consumer := transport("n1", secret)
+	consumer := dtltest.Loopback(t, "n1", secret, tcp.New)
 	d, err := dmd.New(dcfg, dmd.Parts{Store: store, Locator: hfl.DefaultLocatorConfig(), Transport: consumer,
 		TransportName: "tcp", FetchTimeout: 300 * time.Millisecond, Notifier: kernel, Log: log})
 	if err != nil {

@@ -73,10 +73,16 @@ var appleby128Vectors = []murmurVector{
 }
 
 func TestMurmurHash3x64_128Vectors(t *testing.T) {
-	for _, v := range appleby128Vectors {
-		h1, h2 := MurmurHash3x64_128([]byte(v.s), v.seed)
+	checkVectors(t, "MurmurHash3x64_128", MurmurHash3x64_128, appleby128Vectors)
+}
+
+// checkVectors checks hash, called name in errors, against vectors.
+func checkVectors(t *testing.T, name string, hash func([]byte, uint32) (uint64, uint64), vectors []murmurVector) {
+	t.Helper()
+	for _, v := range vectors {
+		h1, h2 := hash([]byte(v.s), v.seed)
 		if h1 != v.h1 || h2 != v.h2 {
-			t.Errorf("MurmurHash3x64_128(%q, %d) = %#016x %#016x, want %#016x %#016x", v.s, v.seed, h1, h2, v.h1, v.h2)
+			t.Errorf("%s(%q, %d) = %#016x %#016x, want %#016x %#016x", name, v.s, v.seed, h1, h2, v.h1, v.h2)
 		}
 	}
 }
@@ -98,12 +104,7 @@ var dyad128Vectors = []murmurVector{
 }
 
 func TestDYADMurmurHash3x64_128Vectors(t *testing.T) {
-	for _, v := range dyad128Vectors {
-		h1, h2 := DYADMurmurHash3x64_128([]byte(v.s), v.seed)
-		if h1 != v.h1 || h2 != v.h2 {
-			t.Errorf("DYADMurmurHash3x64_128(%q, %d) = %#016x %#016x, want %#016x %#016x", v.s, v.seed, h1, h2, v.h1, v.h2)
-		}
-	}
+	checkVectors(t, "DYADMurmurHash3x64_128", DYADMurmurHash3x64_128, dyad128Vectors)
 }
 
 // The two flavours must agree exactly when the tail is 0 or 1 byte long,

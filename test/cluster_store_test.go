@@ -66,12 +66,13 @@ func storeSection(st fs.Status) map[string]any {
 	return s
 }
 
-func init() {
-	// etcd-fill ENDPOINTS PREFIX: write into etcd until it is full.
-	helpers["etcd-fill"] = func(args []string) int {
+// etcdCounting is a helper ENDPOINTS PREFIX that prints what count
+// returns for them.
+func etcdCounting[N int | int64](count func(ctx context.Context, endpoints, prefix string) (N, error)) func(args []string) int {
+	return func(args []string) int {
 		ctx, cancel := context.WithTimeout(context.Background(), bound)
 		defer cancel()
-		n, err := etcdtest.Fill(ctx, args[0], args[1])
+		n, err := count(ctx, args[0], args[1])
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -79,6 +80,12 @@ func init() {
 		fmt.Println(n)
 		return 0
 	}
+}
+
+func init() {
+	// etcd-fill ENDPOINTS PREFIX: write into etcd until it is full; print
+	// how many keys that took.
+	helpers["etcd-fill"] = etcdCounting(etcdtest.Fill)
 	// etcd-reclaim ENDPOINTS: compact, defragment, disarm.
 	helpers["etcd-reclaim"] = func(args []string) int {
 		ctx, cancel := context.WithTimeout(context.Background(), bound)
@@ -174,17 +181,7 @@ func TestClusterStoreDown(t *testing.T) {
 
 func init() {
 	// etcd-count ENDPOINTS PREFIX: print how many keys etcd has under PREFIX.
-	helpers["etcd-count"] = func(args []string) int {
-		ctx, cancel := context.WithTimeout(context.Background(), bound)
-		defer cancel()
-		n, err := etcdtest.Count(ctx, args[0], args[1])
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		fmt.Println(n)
-		return 0
-	}
+	helpers["etcd-count"] = etcdCounting(etcdtest.Count)
 }
 
 // etcdKeys counts the keys etcd holds under prefix.

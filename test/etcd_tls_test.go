@@ -19,7 +19,7 @@ import (
 )
 
 // freePort is a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -27,6 +27,25 @@ func freePort(t *testing.T) string {
 	}
 	defer ln.Close()
 	return fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// twoShare mounts nodes n1 and n2 with mount (how they reach the store,
+// for failure messages) and checks that n2 reads the line text that n1
+// writes.
+func twoShare(t *testing.T, how, text string, mount func(node string) (mnt, out string, err error)) {
+	t.Helper()
+	m1, out, err := mount("n1")
+	if err != nil {
+		t.Fatalf("mount %s: %v\n%s", how, err, out)
+	}
+	m2, out, err := mount("n2")
+	if err != nil {
+		t.Fatalf("second mount %s: %v\n%s", how, err, out)
+	}
+	mustSh(t, m1, "echo "+text+" > f")
+	if r := run(t, m2, "cat", "f"); r.err != nil || r.stdout != text+"\n" {
+		t.Fatalf("the other node reads f: %v", r)
+	}
 }
 
 // tlsFiles makes, with openssl, a CA, etcd's server certificate for
@@ -89,21 +108,12 @@ func TestEtcdTLS(t *testing.T) {
 		return mnt, out, err
 	}
 	cert := []string{"--etcd-cert", files.ClientCert, "--etcd-key", files.ClientKey}
-	m1, out, err := mountNode("n1", freePort(t), cert...)
-	if err != nil {
-		t.Fatalf("mount with a client certificate: %v\n%s", err, out)
-	}
-	m2, out, err := mountNode("n2", freePort(t), cert...)
-	if err != nil {
-		t.Fatalf("second mount with a client certificate: %v\n%s", err, out)
-	}
-	mustSh(t, m1, "echo over tls > f")
-	if r := run(t, m2, "cat", "f"); r.err != nil || r.stdout != "over tls\n" {
-		t.Fatalf("the other node reads f: %v", r)
-	}
+	twoShare(t, "with a client certificate", "over tls", func(node string) (string, string, error) {
+		return mountNode(node, freePort(t), cert...)
+	})
 
 	var ee *exec.ExitError
-	_, out, err = mountNode("n3", freePort(t))
+	_, out, err := mountNode("n3", freePort(t))
 	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(out, "would be kept in clear") || strings.Count(strings.TrimSpace(out), "\n") != 0 {
 		t.Fatalf("mount without a client certificate: %v, want exit 2 and one line\n%s", err, out)
 	}
@@ -158,20 +168,11 @@ func TestEtcdUser(t *testing.T) {
 		return mnt, out, err
 	}
 	good := password("good", "job-password")
-	m1, out, err := mountNode("n1", good)
-	if err != nil {
-		t.Fatalf("mount as an etcd user: %v\n%s", err, out)
-	}
-	m2, out, err := mountNode("n2", good)
-	if err != nil {
-		t.Fatalf("second mount as an etcd user: %v\n%s", err, out)
-	}
-	mustSh(t, m1, "echo as a user > f")
-	if r := run(t, m2, "cat", "f"); r.err != nil || r.stdout != "as a user\n" {
-		t.Fatalf("the other node reads f: %v", r)
-	}
+	twoShare(t, "as an etcd user", "as a user", func(node string) (string, string, error) {
+		return mountNode(node, good)
+	})
 	var ee *exec.ExitError
-	_, out, err = mountNode("n3", password("bad", "not-it"))
+	_, out, err := mountNode("n3", password("bad", "not-it"))
 	if !errors.As(err, &ee) || ee.ExitCode() != 7 || !strings.Contains(out, "invalid user ID or password") || strings.Count(strings.TrimSpace(out), "\n") != 0 {
 		t.Fatalf("mount with a wrong password: %v, want exit 7 and one line saying the user or password is wrong\n%s", err, out)
 	}

@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -360,7 +359,7 @@ func dyadfsOnFlux(b *testing.B, in *fluxtest.Instance, dtl string, smallOnly boo
 			"--fetch-timeout", "30s", "--stall-timeout", "2s"}
 		args = append(args, extra...)
 		if dtl == "tcp" {
-			args = append(args, "--listen", "127.0.0.1:"+fbFreePort(b))
+			args = append(args, "--listen", "127.0.0.1:"+freePort(b))
 		}
 		ms[r] = fbMountOn(b, in.URIs[r], args...)
 	}
@@ -470,17 +469,6 @@ func (m *fbMount) cleanup() {
 			m.tb.Errorf("%s is still mounted after cleanup", m.mnt)
 		}
 	})
-}
-
-// fbFreePort is a TCP port free on the loopback now.
-func fbFreePort(tb testing.TB) string {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 }
 
 // fbTail is the end of a log file, for failure messages.

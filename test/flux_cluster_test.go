@@ -19,7 +19,6 @@ import (
 
 	"github.com/dyadfs/dyadfs/dtl"
 	fluxdtl "github.com/dyadfs/dyadfs/dtl/flux"
-	"github.com/dyadfs/dyadfs/flux"
 	"github.com/dyadfs/dyadfs/flux/fluxtest"
 	"github.com/dyadfs/dyadfs/fs"
 )
@@ -223,11 +222,7 @@ func TestFluxRefusals(t *testing.T) {
 	p.waitStatus("a writer holds busy.dat", func(st fs.Status) bool { return st.DMD.BusyFiles == 1 })
 	addr := strings.TrimPrefix(p.status().Info["transport"], "flux ")
 
-	h, err := flux.Open(in.URIs[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := in.Open(t, 1) // closed after the probes made on it
 	probe := func(key string) *fluxdtl.Transport {
 		cfg := dtl.DefaultConfig()
 		cfg.Node, cfg.Secret = "probe", []byte(key)
@@ -327,11 +322,7 @@ func TestFluxScript(t *testing.T) {
 			t.Errorf("the daemon of rank %d (pid %d) still runs after stop", i, pids[i])
 		}
 	}
-	h, err := flux.Open(in.URIs[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := in.Open(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	if names, err := h.ListDir(ctx, "dyadfs-scriptjob", "."); err == nil {

@@ -22,6 +22,44 @@ import (
 // Helpers for the tests a backend runs besides the suites: they look at
 // its own counters and internals, but share these steps.
 
+// Serving serves a new Source, in a directory of its own, with server.
+func Serving(t testing.TB, server dtl.Transport) *Source {
+	t.Helper()
+	src := NewSource(t.TempDir())
+	if err := server.Serve(src); err != nil {
+		t.Fatal(err)
+	}
+	return src
+}
+
+// Pair is a server serving a new Source and a client, both made by open
+// (a backend's constructor for its tests) with options o and one new
+// secret.
+func Pair[T dtl.Transport, O any](t testing.TB, o O, open func(testing.TB, []byte, O) (T, *LogBuf)) (server, client T, src *Source) {
+	t.Helper()
+	s := NewSecret()
+	server, _ = open(t, s, o)
+	src = Serving(t, server)
+	client, _ = open(t, s, o)
+	return server, client, src
+}
+
+// Loopback is a transport that newTransport makes for node on
+// 127.0.0.1:0 with secret and otherwise the default configuration, closed
+// at the end of the test: for tests of what runs over a transport. (A
+// backend's own tests use Config.)
+func Loopback[T dtl.Transport](t testing.TB, node string, secret []byte, newTransport func(dtl.Config) (T, error)) T {
+	t.Helper()
+	cfg := dtl.DefaultConfig()
+	cfg.Node, cfg.Listen, cfg.Secret = node, "127.0.0.1:0", secret
+	tr, err := newTransport(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return tr
+}
+
 // Options are what a backend's tests vary in a transport's configuration.
 type Options struct {
 	Node              string // default: "node-" and the test's name
@@ -212,6 +250,16 @@ func FetchAsync(t testing.TB, ctx context.Context, client dtl.Transport, addr, p
 		_, err := client.Fetch(ctx, addr, dtl.Request{Path: p}, dtl.NewSink(dst))
 		done <- err
 	}()
+}
+
+// FetchAllAsync starts fetching each of paths from addr, as FetchAsync
+// does; the Fetches' errors arrive on the channel it returns.
+func FetchAllAsync(t testing.TB, ctx context.Context, client dtl.Transport, addr string, paths ...string) <-chan error {
+	done := make(chan error, len(paths))
+	for _, p := range paths {
+		FetchAsync(t, ctx, client, addr, p, done)
+	}
+	return done
 }
 
 // Feed waits for n transfers of a Stream to open it and writes size bytes

@@ -20,9 +20,7 @@ import (
 // the Fetcher does. The baseline, in the same run, is benchCopy: the same
 // file copied into a new file on this machine.
 func benchFetch(b *testing.B, size int, parallel bool) {
-	s := dtltest.NewSecret()
-	server, src, _ := served(b, s, opts{})
-	client, _ := newTransport(b, s, opts{})
+	server, client, src := dtltest.Pair(b, opts{}, newTransport)
 	dtltest.PublishRandom(b, src, "f", size)
 	dir := b.TempDir()
 	ctx := context.Background()
@@ -45,15 +43,21 @@ func benchFetch(b *testing.B, size int, parallel bool) {
 		os.Remove(f.Name())
 	}
 	b.SetBytes(int64(size))
+	measure(b, parallel, fetch, client)
+}
+
+// measure runs op b.N times, from parallel goroutines if parallel, and
+// reports how many connections client dialed.
+func measure(b *testing.B, parallel bool, op func(), client *Transport) {
 	if parallel {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				fetch()
+				op()
 			}
 		})
 	} else {
 		for b.Loop() {
-			fetch()
+			op()
 		}
 	}
 	b.ReportMetric(float64(client.Stats().Dials), "dials")
@@ -111,18 +115,7 @@ func benchMessage(b *testing.B, size int, parallel bool) {
 	send() // dial outside the measurement
 	b.SetBytes(int64(2 * size))
 	b.ReportAllocs()
-	if parallel {
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				send()
-			}
-		})
-	} else {
-		for b.Loop() {
-			send()
-		}
-	}
-	b.ReportMetric(float64(client.Stats().Dials), "dials")
+	measure(b, parallel, send, client)
 }
 
 // benchPingPong is the floor under benchMessage: a size-byte request and a

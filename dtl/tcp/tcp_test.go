@@ -52,11 +52,7 @@ func TestConformance(t *testing.T) {
 func served(t testing.TB, secret []byte, o opts) (*Transport, *dtltest.Source, *dtltest.LogBuf) {
 	t.Helper()
 	server, lb := newTransport(t, secret, o)
-	src := dtltest.NewSource(t.TempDir())
-	if err := server.Serve(src); err != nil {
-		t.Fatal(err)
-	}
-	return server, src, lb
+	return server, dtltest.Serving(t, server), lb
 }
 
 func ctxFor(t *testing.T) context.Context {
@@ -83,9 +79,7 @@ func TestAddr(t *testing.T) {
 
 // TestReuse: fetches to one server share one connection.
 func TestReuse(t *testing.T) {
-	s := dtltest.NewSecret()
-	server, src, _ := served(t, s, opts{})
-	client, _ := newTransport(t, s, opts{})
+	server, client, src := dtltest.Pair(t, opts{}, newTransport)
 	src.WriteFile("f", []byte("hello"))
 	ctx := ctxFor(t)
 	for range 10 {
@@ -115,9 +109,7 @@ func TestReuse(t *testing.T) {
 // TestPoolBound: after many concurrent fetches, at most maxIdlePerAddr
 // connections stay open.
 func TestPoolBound(t *testing.T) {
-	s := dtltest.NewSecret()
-	server, src, _ := served(t, s, opts{})
-	client, _ := newTransport(t, s, opts{})
+	server, client, src := dtltest.Pair(t, opts{}, newTransport)
 	src.WriteFile("f", bytes.Repeat([]byte("x"), 100_000))
 	ctx := ctxFor(t)
 	var wg sync.WaitGroup
@@ -141,9 +133,7 @@ func TestPoolBound(t *testing.T) {
 // TestFailedNotPooled: a cancelled transfer's connection is closed, not
 // reused.
 func TestFailedNotPooled(t *testing.T) {
-	s := dtltest.NewSecret()
-	server, src, _ := served(t, s, opts{})
-	client, _ := newTransport(t, s, opts{})
+	server, client, src := dtltest.Pair(t, opts{}, newTransport)
 	writers := src.Stream("slow", 1<<20)
 	src.WriteFile("f", []byte("f"))
 	ctx, cancel := context.WithCancel(context.Background())
@@ -169,9 +159,7 @@ func TestFailedNotPooled(t *testing.T) {
 // TestStaleRetry: a pooled connection the server has closed is replaced
 // transparently.
 func TestStaleRetry(t *testing.T) {
-	s := dtltest.NewSecret()
-	server, src, _ := served(t, s, opts{})
-	client, _ := newTransport(t, s, opts{})
+	server, client, src := dtltest.Pair(t, opts{}, newTransport)
 	src.WriteFile("f", []byte("f"))
 	ctx := ctxFor(t)
 	if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); err != nil {
@@ -195,10 +183,7 @@ func TestIdleServerCloses(t *testing.T) {
 	s := dtltest.NewSecret()
 	server, _ := newTransport(t, s, opts{})
 	server.serverIdle = 50 * time.Millisecond
-	src := dtltest.NewSource(t.TempDir())
-	if err := server.Serve(src); err != nil {
-		t.Fatal(err)
-	}
+	src := dtltest.Serving(t, server)
 	client, _ := newTransport(t, s, opts{})
 	src.WriteFile("f", []byte("f"))
 	if _, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); err != nil {
@@ -244,9 +229,7 @@ func TestDialFailures(t *testing.T) {
 // connections returns once all of them are gone, and leaks no goroutine.
 func TestCloseEndsEverything(t *testing.T) {
 	dtltest.CheckNoLeak(t, func() {
-		s := dtltest.NewSecret()
-		server, src, _ := served(t, s, opts{})
-		client, _ := newTransport(t, s, opts{})
+		server, client, src := dtltest.Pair(t, opts{}, newTransport)
 		done := make(chan error, 4)
 		defer dtltest.CloseAll(dtltest.Underway(t, ctxFor(t), client, server.Addr(), src, done))
 		// The server's goroutines are blocked reading pipes that
@@ -264,9 +247,7 @@ func TestCloseEndsEverything(t *testing.T) {
 // TestCloseWhileFetching: a client's Close ends its own Fetches, which
 // return an error naming the closed transport.
 func TestCloseWhileFetching(t *testing.T) {
-	s := dtltest.NewSecret()
-	server, src, _ := served(t, s, opts{})
-	client, _ := newTransport(t, s, opts{})
+	server, client, src := dtltest.Pair(t, opts{}, newTransport)
 	writers := src.Stream("slow", 1<<30)
 	done := make(chan error, 1)
 	go func() {
@@ -284,9 +265,7 @@ func TestCloseWhileFetching(t *testing.T) {
 // TestSparseSendsOnlyData: the server sends the data extents of a sparse
 // file, not its holes.
 func TestSparseSendsOnlyData(t *testing.T) {
-	s := dtltest.NewSecret()
-	server, src, _ := served(t, s, opts{})
-	client, _ := newTransport(t, s, opts{})
+	server, client, src := dtltest.Pair(t, opts{}, newTransport)
 	dtltest.FetchSparse(t, client, server, src, func() int64 { return server.Stats().BytesSent })
 }
 

@@ -61,31 +61,22 @@ import (
 // for "tcp-transport".
 func benchPair(b *testing.B, wire string) (server dtl.Transport, client dtl.Transport, src *dtltest.Source) {
 	s := dtltest.NewSecret()
-	src = dtltest.NewSource(b.TempDir())
 	if wire == "tcp-transport" {
 		server, client = tcpTransport(b, "server", s), tcpTransport(b, "client", s)
 	} else {
 		server, _ = testTransport(b, s, opts{tls: wire})
 		client, _ = testTransport(b, s, opts{tls: wire})
 	}
-	if err := server.Serve(src); err != nil {
-		b.Fatal(err)
-	}
-	return server, client, src
+	return server, client, dtltest.Serving(b, server)
 }
 
 // tcpTransport is a TCP transport on loopback, closed at the end of the
 // benchmark.
 func tcpTransport(b *testing.B, node string, secret []byte) *tcp.Transport {
-	cfg := dtl.DefaultConfig()
-	cfg.Node, cfg.Listen, cfg.Secret = node, "127.0.0.1:0", secret
-	cfg.Log = slog.New(slog.DiscardHandler)
-	tr, err := tcp.New(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { tr.Close() })
-	return tr
+	return dtltest.Loopback(b, node, secret, func(cfg dtl.Config) (*tcp.Transport, error) {
+		cfg.Log = slog.New(slog.DiscardHandler)
+		return tcp.New(cfg)
+	})
 }
 
 var benchWires = []struct{ name, tls string }{
@@ -184,28 +175,22 @@ func BenchmarkFetch64MiB(b *testing.B) {
 			fmt.Printf("ucx_perftest ucp_am_lat 4 KiB on one host (UCX_TLS=%s, -e): %.1f µs one way (p50)\n", tls, lat)
 		}
 	}
+	fetchOnEachWire(b, 64<<20, 1)
+}
+
+// fetchOnEachWire runs benchFetch of size bytes from parallel goroutines
+// on each wire.
+func fetchOnEachWire(b *testing.B, size, parallel int) {
 	for _, w := range benchWires {
-		b.Run(w.name, func(b *testing.B) { benchFetch(b, w.tls, 64<<20, 1) })
+		b.Run(w.name, func(b *testing.B) { benchFetch(b, w.tls, size, parallel) })
 	}
 }
 
-func BenchmarkFetch64MiBx4(b *testing.B) {
-	for _, w := range benchWires {
-		b.Run(w.name, func(b *testing.B) { benchFetch(b, w.tls, 64<<20, 4) })
-	}
-}
+func BenchmarkFetch64MiBx4(b *testing.B) { fetchOnEachWire(b, 64<<20, 4) }
 
-func BenchmarkFetch4KiB(b *testing.B) {
-	for _, w := range benchWires {
-		b.Run(w.name, func(b *testing.B) { benchFetch(b, w.tls, 4<<10, 1) })
-	}
-}
+func BenchmarkFetch4KiB(b *testing.B) { fetchOnEachWire(b, 4<<10, 1) }
 
-func BenchmarkFetch4KiBx16(b *testing.B) {
-	for _, w := range benchWires {
-		b.Run(w.name, func(b *testing.B) { benchFetch(b, w.tls, 4<<10, 16) })
-	}
-}
+func BenchmarkFetch4KiBx16(b *testing.B) { fetchOnEachWire(b, 4<<10, 16) }
 
 // BenchmarkMessage64 measures small messages (the locator's notices).
 func BenchmarkMessage64(b *testing.B) {

@@ -198,61 +198,52 @@ func (h *helper) publish(t testing.TB, p string) {
 // refusal; the consumer's buffers come back and the next transfer, to a
 // new owner at the same address, succeeds.
 func TestPeerKilled(t *testing.T) {
-	for name, tls := range wires {
-		t.Run(name, func(t *testing.T) {
-			s := dtltest.NewSecret()
-			env := []string{"UCX_TLS=" + tls}
-			h := startHelper(t, s, "127.0.0.1:0", env)
-			data := make([]byte, 256<<20)
-			rand.Read(data)
-			if err := os.WriteFile(filepath.Join(h.dir, "big"), data, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			client, _ := testTransport(t, s, opts{tls: tls, tune: func(tun *tuning) { tun.window = 2 }})
-			ctx := ctxFor(t)
-			done := make(chan error, 4)
-			for i := range 4 {
-				p := "slow"
-				if i == 3 {
-					p = "big"
+	onEachWire(t, func(t *testing.T, tls string) {
+		s := dtltest.NewSecret()
+		env := []string{"UCX_TLS=" + tls}
+		h := startHelper(t, s, "127.0.0.1:0", env)
+		data := make([]byte, 256<<20)
+		rand.Read(data)
+		if err := os.WriteFile(filepath.Join(h.dir, "big"), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		client, _ := testTransport(t, s, opts{tls: tls, tune: func(tun *tuning) { tun.window = 2 }})
+		ctx := ctxFor(t)
+		done := dtltest.FetchAllAsync(t, ctx, client, h.addr, "slow", "slow", "slow", "big")
+		for range 3 {
+			h.expect(t, "streaming")
+		}
+		killed := time.Now()
+		h.cmd.Process.Signal(syscall.SIGKILL)
+		for range 4 {
+			select {
+			case err := <-done:
+				var re *dtl.RemoteError
+				if err == nil {
+					t.Error("a transfer from a killed owner succeeded")
+				} else if errors.As(err, &re) {
+					t.Errorf("a transfer from a killed owner failed as a refusal: %v", err)
 				}
-				dtltest.FetchAsync(t, ctx, client, h.addr, p, done)
+				t.Logf("cut after %v: %v", time.Since(killed).Round(time.Millisecond), err)
+			case <-time.After(30 * time.Second):
+				t.Fatal("a transfer did not end")
 			}
-			for range 3 {
-				h.expect(t, "streaming")
-			}
-			killed := time.Now()
-			h.cmd.Process.Signal(syscall.SIGKILL)
-			for range 4 {
-				select {
-				case err := <-done:
-					var re *dtl.RemoteError
-					if err == nil {
-						t.Error("a transfer from a killed owner succeeded")
-					} else if errors.As(err, &re) {
-						t.Errorf("a transfer from a killed owner failed as a refusal: %v", err)
-					}
-					t.Logf("cut after %v: %v", time.Since(killed).Round(time.Millisecond), err)
-				case <-time.After(30 * time.Second):
-					t.Fatal("a transfer did not end")
-				}
-			}
-			if took := time.Since(killed); took > prompt {
-				t.Errorf("transfers ended %v after the owner died", took)
-			}
-			poolsFull(t, client)
+		}
+		if took := time.Since(killed); took > prompt {
+			t.Errorf("transfers ended %v after the owner died", took)
+		}
+		poolsFull(t, client)
 
-			h.cmd.Wait()
-			again := startHelper(t, s, h.addr, env)
-			os.WriteFile(filepath.Join(again.dir, "big"), data, 0o644)
-			dst := dtltest.Dst(t)
-			if _, err := client.Fetch(ctx, again.addr, dtl.Request{Path: "big"}, dtl.NewSink(dst)); err != nil {
-				t.Fatalf("fetch from the restarted owner: %v", err)
-			}
-			dtltest.SameContent(t, dst.Name(), filepath.Join(h.dir, "big"))
-			poolsFull(t, client)
-		})
-	}
+		h.cmd.Wait()
+		again := startHelper(t, s, h.addr, env)
+		os.WriteFile(filepath.Join(again.dir, "big"), data, 0o644)
+		dst := dtltest.Dst(t)
+		if _, err := client.Fetch(ctx, again.addr, dtl.Request{Path: "big"}, dtl.NewSink(dst)); err != nil {
+			t.Fatalf("fetch from the restarted owner: %v", err)
+		}
+		dtltest.SameContent(t, dst.Name(), filepath.Join(h.dir, "big"))
+		poolsFull(t, client)
+	})
 }
 
 // echoing is the helper's Source: it also answers every message with the

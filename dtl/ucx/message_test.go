@@ -16,20 +16,18 @@ import (
 // messenger passes, over each wire, and what is UCX's own.
 
 func TestMessenger(t *testing.T) {
-	for name, tls := range wires {
-		t.Run(name, func(t *testing.T) {
-			dtltest.RunMessenger(t, dtltest.MessengerBackend{
-				New: func(t *testing.T, node string, secret []byte) dtl.Transport {
-					tr, _ := testTransport(t, secret, opts{node: node, tls: tls})
-					return tr
-				},
-				Counters: func(tr dtl.Transport) dtltest.MessageCounters {
-					s := tr.(*Transport).Stats()
-					return dtltest.MessageCounters{Dials: s.Dials, Reused: s.Reused, Messages: s.Messages, Answered: s.Answered, Refused: s.Refused}
-				},
-			})
+	onEachWire(t, func(t *testing.T, tls string) {
+		dtltest.RunMessenger(t, dtltest.MessengerBackend{
+			New: func(t *testing.T, node string, secret []byte) dtl.Transport {
+				tr, _ := testTransport(t, secret, opts{node: node, tls: tls})
+				return tr
+			},
+			Counters: func(tr dtl.Transport) dtltest.MessageCounters {
+				s := tr.(*Transport).Stats()
+				return dtltest.MessageCounters{Dials: s.Dials, Reused: s.Reused, Messages: s.Messages, Answered: s.Answered, Refused: s.Refused}
+			},
 		})
-	}
+	})
 }
 
 // messaging is a server of node "owner" whose handler is h, serving a

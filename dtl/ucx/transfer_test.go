@@ -44,50 +44,46 @@ func poolsFull(t testing.TB, tr *Transport) {
 // messages and chunked ones), each intact, on one endpoint; the pools are
 // full afterwards.
 func TestManySmallConcurrent(t *testing.T) {
-	for name, tls := range wires {
-		t.Run(name, func(t *testing.T) {
-			s := dtltest.NewSecret()
-			server, src, _ := served(t, s, opts{tls: tls})
-			client, _ := testTransport(t, s, opts{tls: tls})
-			const files = 50
-			sums := make([][32]byte, files)
-			for i := range files {
-				data := make([]byte, (i*2741)%(3*inlineMax))
-				rand.Read(data)
-				sums[i] = sha256.Sum256(data)
-				if err := src.WriteFile(fmt.Sprintf("small/%d", i), data); err != nil {
-					t.Fatal(err)
+	onEachWire(t, func(t *testing.T, tls string) {
+		server, client, src := dtltest.Pair(t, opts{tls: tls}, testTransport)
+		const files = 50
+		sums := make([][32]byte, files)
+		for i := range files {
+			data := make([]byte, (i*2741)%(3*inlineMax))
+			rand.Read(data)
+			sums[i] = sha256.Sum256(data)
+			if err := src.WriteFile(fmt.Sprintf("small/%d", i), data); err != nil {
+				t.Fatal(err)
+			}
+		}
+		dir := t.TempDir()
+		ctx := ctxFor(t)
+		var wg sync.WaitGroup
+		for i := range 1000 {
+			wg.Go(func() {
+				p := fmt.Sprintf("small/%d", i%files)
+				f, err := os.Create(filepath.Join(dir, fmt.Sprint(i)))
+				if err != nil {
+					t.Error(err)
+					return
 				}
-			}
-			dir := t.TempDir()
-			ctx := ctxFor(t)
-			var wg sync.WaitGroup
-			for i := range 1000 {
-				wg.Go(func() {
-					p := fmt.Sprintf("small/%d", i%files)
-					f, err := os.Create(filepath.Join(dir, fmt.Sprint(i)))
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					defer f.Close()
-					if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: p}, dtl.NewSink(f)); err != nil {
-						t.Errorf("fetch %s: %v", p, err)
-						return
-					}
-					if got, err := dtltest.FileSum(f.Name()); err != nil || got != sums[i%files] {
-						t.Errorf("fetch %s: content differs (%v)", p, err)
-					}
-				})
-			}
-			wg.Wait()
-			if st := client.Stats(); st.Dials != 1 {
-				t.Errorf("%+v: want all on one endpoint", st)
-			}
-			poolsFull(t, client)
-			poolsFull(t, server)
-		})
-	}
+				defer f.Close()
+				if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: p}, dtl.NewSink(f)); err != nil {
+					t.Errorf("fetch %s: %v", p, err)
+					return
+				}
+				if got, err := dtltest.FileSum(f.Name()); err != nil || got != sums[i%files] {
+					t.Errorf("fetch %s: content differs (%v)", p, err)
+				}
+			})
+		}
+		wg.Wait()
+		if st := client.Stats(); st.Dials != 1 {
+			t.Errorf("%+v: want all on one endpoint", st)
+		}
+		poolsFull(t, client)
+		poolsFull(t, server)
+	})
 }
 
 // sparseSum hashes a sparse file by its data: the offset, length and bytes
@@ -144,61 +140,57 @@ func TestLargeConcurrent(t *testing.T) {
 	if testing.Short() {
 		t.Skip("moves 1 GiB of data per wire")
 	}
-	for name, tls := range wires {
-		t.Run(name, func(t *testing.T) {
-			s := dtltest.NewSecret()
-			server, src, _ := served(t, s, opts{tls: tls})
-			client, _ := testTransport(t, s, opts{tls: tls})
-			const size, files = 1 << 30, 8
-			for i := range files {
-				makeSparse(t, filepath.Join(src.Root(), fmt.Sprint(i)), size, 4, 16<<20)
+	onEachWire(t, func(t *testing.T, tls string) {
+		server, client, src := dtltest.Pair(t, opts{tls: tls}, testTransport)
+		const size, files = 1 << 30, 8
+		for i := range files {
+			makeSparse(t, filepath.Join(src.Root(), fmt.Sprint(i)), size, 4, 16<<20)
+		}
+		ctx := ctxFor(t)
+		dsts := make([]*os.File, files)
+		var wg sync.WaitGroup
+		start := time.Now()
+		for i := range files {
+			dsts[i] = dtltest.Dst(t)
+			wg.Go(func() {
+				if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: fmt.Sprint(i)}, dtl.NewSink(dsts[i])); err != nil {
+					t.Errorf("fetch %d: %v", i, err)
+				}
+			})
+		}
+		wg.Wait()
+		t.Logf("8 x 1 GiB (512 MiB of data) in %v", time.Since(start))
+		for i, dst := range dsts {
+			sf, err := os.Open(filepath.Join(src.Root(), fmt.Sprint(i)))
+			if err != nil {
+				t.Fatal(err)
 			}
-			ctx := ctxFor(t)
-			dsts := make([]*os.File, files)
-			var wg sync.WaitGroup
-			start := time.Now()
-			for i := range files {
-				dsts[i] = dtltest.Dst(t)
-				wg.Go(func() {
-					if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: fmt.Sprint(i)}, dtl.NewSink(dsts[i])); err != nil {
-						t.Errorf("fetch %d: %v", i, err)
-					}
-				})
+			ext := dtltest.Extents(sf, size)
+			if a, b := sparseSum(t, sf, ext), sparseSum(t, dst, ext); a != b {
+				t.Errorf("file %d: content differs", i)
 			}
-			wg.Wait()
-			t.Logf("8 x 1 GiB (512 MiB of data) in %v", time.Since(start))
-			for i, dst := range dsts {
-				sf, err := os.Open(filepath.Join(src.Root(), fmt.Sprint(i)))
-				if err != nil {
-					t.Fatal(err)
+			sf.Close()
+			if st, _ := dst.Stat(); st.Size() != size {
+				t.Errorf("file %d: %d bytes, want %d", i, st.Size(), int64(size))
+			}
+			// Whatever data the copy holds lies within the
+			// source's extents (elsewhere it would not be zeros).
+			for _, d := range dtltest.Extents(dst, size) {
+				inside := false
+				for _, e := range ext {
+					inside = inside || (d[0] >= e[0] && d[1] <= e[1])
 				}
-				ext := dtltest.Extents(sf, size)
-				if a, b := sparseSum(t, sf, ext), sparseSum(t, dst, ext); a != b {
-					t.Errorf("file %d: content differs", i)
-				}
-				sf.Close()
-				if st, _ := dst.Stat(); st.Size() != size {
-					t.Errorf("file %d: %d bytes, want %d", i, st.Size(), int64(size))
-				}
-				// Whatever data the copy holds lies within the
-				// source's extents (elsewhere it would not be zeros).
-				for _, d := range dtltest.Extents(dst, size) {
-					inside := false
-					for _, e := range ext {
-						inside = inside || (d[0] >= e[0] && d[1] <= e[1])
-					}
-					if !inside {
-						t.Errorf("file %d: data at [%d, %d) of the copy is a hole of the source", i, d[0], d[1])
-					}
+				if !inside {
+					t.Errorf("file %d: data at [%d, %d) of the copy is a hole of the source", i, d[0], d[1])
 				}
 			}
-			if st := server.Stats(); st.BytesSent != files*64<<20 {
-				t.Errorf("server sent %d bytes, want only the data (%d)", st.BytesSent, files*64<<20)
-			}
-			poolsFull(t, client)
-			poolsFull(t, server)
-		})
-	}
+		}
+		if st := server.Stats(); st.BytesSent != files*64<<20 {
+			t.Errorf("server sent %d bytes, want only the data (%d)", st.BytesSent, files*64<<20)
+		}
+		poolsFull(t, client)
+		poolsFull(t, server)
+	})
 }
 
 // TestSmallPools: with two buffers a side and one chunk in flight per
@@ -209,9 +201,7 @@ func TestSmallPools(t *testing.T) {
 	tiny := func(tun *tuning) {
 		tun.chunk, tun.sendSlots, tun.recvSlots, tun.window = 64<<10, 2, 2, 1
 	}
-	s := dtltest.NewSecret()
-	server, src, _ := served(t, s, opts{tune: tiny})
-	client, _ := testTransport(t, s, opts{tune: tiny})
+	server, client, src := dtltest.Pair(t, opts{tune: tiny}, testTransport)
 	data := make([]byte, 3<<20+12345)
 	rand.Read(data)
 	src.WriteFile("f", data)
@@ -273,111 +263,91 @@ func TestTwoWays(t *testing.T) {
 // come back; the next transfer, to a new owner and to one that took the
 // old one's address, succeeds.
 func TestServerClosedThenNewServer(t *testing.T) {
-	for name, tls := range wires {
-		t.Run(name, func(t *testing.T) {
-			s := dtltest.NewSecret()
-			server, src, _ := served(t, s, opts{tls: tls})
-			client, _ := testTransport(t, s, opts{tls: tls})
-			addr := server.Addr()
-			writers := src.Stream("slow", 1<<30)
-			big := make([]byte, 64<<20)
-			rand.Read(big)
-			src.WriteFile("big", big)
-			ctx := ctxFor(t)
-			done := make(chan error, 5)
-			for i := range 5 {
-				p := "slow"
-				if i == 4 {
-					p = "big"
+	onEachWire(t, func(t *testing.T, tls string) {
+		s := dtltest.NewSecret() // the new owners hold it too
+		server, src, _ := served(t, s, opts{tls: tls})
+		client, _ := testTransport(t, s, opts{tls: tls})
+		addr := server.Addr()
+		writers := src.Stream("slow", 1<<30)
+		big := make([]byte, 64<<20)
+		rand.Read(big)
+		src.WriteFile("big", big)
+		ctx := ctxFor(t)
+		done := dtltest.FetchAllAsync(t, ctx, client, addr, "slow", "slow", "slow", "slow", "big")
+		defer dtltest.CloseAll(dtltest.Feed(writers, 4, 60<<10))
+		closing := time.Now()
+		go server.Close()
+		for range 5 {
+			select {
+			case err := <-done:
+				var re *dtl.RemoteError
+				if errors.As(err, &re) {
+					t.Errorf("a transfer cut by its owner's Close failed as a refusal: %v", err)
 				}
-				dtltest.FetchAsync(t, ctx, client, addr, p, done)
+				t.Logf("cut: %v", err)
+			case <-time.After(30 * time.Second):
+				t.Fatal("a transfer did not end")
 			}
-			defer dtltest.CloseAll(dtltest.Feed(writers, 4, 60<<10))
-			closing := time.Now()
-			go server.Close()
-			for range 5 {
-				select {
-				case err := <-done:
-					var re *dtl.RemoteError
-					if errors.As(err, &re) {
-						t.Errorf("a transfer cut by its owner's Close failed as a refusal: %v", err)
-					}
-					t.Logf("cut: %v", err)
-				case <-time.After(30 * time.Second):
-					t.Fatal("a transfer did not end")
-				}
-			}
-			if took := time.Since(closing); took > prompt {
-				t.Errorf("transfers ended %v after the owner closed", took)
-			}
-			poolsFull(t, client)
+		}
+		if took := time.Since(closing); took > prompt {
+			t.Errorf("transfers ended %v after the owner closed", took)
+		}
+		poolsFull(t, client)
 
-			// A new owner elsewhere, and one at the old address.
-			other, osrc, _ := served(t, s, opts{tls: tls})
-			osrc.WriteFile("f", big)
-			if _, err := client.Fetch(ctx, other.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); err != nil {
-				t.Fatalf("fetch from a new owner: %v", err)
-			}
-			_, port, _ := net.SplitHostPort(addr)
-			again, asrc, _ := served(t, s, opts{tls: tls, listen: "127.0.0.1:" + port})
-			asrc.WriteFile("f", big)
-			dst := dtltest.Dst(t)
-			if _, err := client.Fetch(ctx, again.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dst)); err != nil {
-				t.Fatalf("fetch from an owner at the old address: %v", err)
-			}
-			if got, err := dtltest.FileSum(dst.Name()); err != nil || got != sha256.Sum256(big) {
-				t.Errorf("content differs (%v)", err)
-			}
-			poolsFull(t, client)
-		})
-	}
+		// A new owner elsewhere, and one at the old address.
+		other, osrc, _ := served(t, s, opts{tls: tls})
+		osrc.WriteFile("f", big)
+		if _, err := client.Fetch(ctx, other.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dtltest.Dst(t))); err != nil {
+			t.Fatalf("fetch from a new owner: %v", err)
+		}
+		_, port, _ := net.SplitHostPort(addr)
+		again, asrc, _ := served(t, s, opts{tls: tls, listen: "127.0.0.1:" + port})
+		asrc.WriteFile("f", big)
+		dst := dtltest.Dst(t)
+		if _, err := client.Fetch(ctx, again.Addr(), dtl.Request{Path: "f"}, dtl.NewSink(dst)); err != nil {
+			t.Fatalf("fetch from an owner at the old address: %v", err)
+		}
+		if got, err := dtltest.FileSum(dst.Name()); err != nil || got != sha256.Sum256(big) {
+			t.Errorf("content differs (%v)", err)
+		}
+		poolsFull(t, client)
+	})
 }
 
 // TestClientCloseCancels: a consumer's Close ends its transfers in flight,
 // each with an error that is net.ErrClosed, at once; its buffers are all
 // back, and the owner's come back too.
 func TestClientCloseCancels(t *testing.T) {
-	for name, tls := range wires {
-		t.Run(name, func(t *testing.T) {
-			s := dtltest.NewSecret()
-			server, src, _ := served(t, s, opts{tls: tls})
-			client, _ := testTransport(t, s, opts{tls: tls})
-			writers := src.Stream("slow", 1<<30)
-			name := filepath.Join(src.Root(), "sparse")
-			makeSparse(t, name, 1<<30, 8, 32<<20)
-			ctx := ctxFor(t)
-			done := make(chan error, 8)
-			for i := range 8 {
-				p := "slow"
-				if i%2 == 1 {
-					p = "sparse"
-				}
-				dtltest.FetchAsync(t, ctx, client, server.Addr(), p, done)
-			}
-			defer dtltest.CloseAll(dtltest.Feed(writers, 4, 60<<10))
-			closing := time.Now()
-			client.Close()
-			for range 8 {
-				if err := <-done; !errors.Is(err, net.ErrClosed) {
-					// A sparse file may have arrived whole first.
-					if err != nil {
-						t.Errorf("got %v, want %v", err, net.ErrClosed)
-					}
+	onEachWire(t, func(t *testing.T, tls string) {
+		server, client, src := dtltest.Pair(t, opts{tls: tls}, testTransport)
+		writers := src.Stream("slow", 1<<30)
+		name := filepath.Join(src.Root(), "sparse")
+		makeSparse(t, name, 1<<30, 8, 32<<20)
+		ctx := ctxFor(t)
+		done := dtltest.FetchAllAsync(t, ctx, client, server.Addr(), "slow", "sparse", "slow", "sparse", "slow", "sparse", "slow", "sparse")
+		defer dtltest.CloseAll(dtltest.Feed(writers, 4, 60<<10))
+		closing := time.Now()
+		client.Close()
+		for range 8 {
+			if err := <-done; !errors.Is(err, net.ErrClosed) {
+				// A sparse file may have arrived whole first.
+				if err != nil {
+					t.Errorf("got %v, want %v", err, net.ErrClosed)
 				}
 			}
-			if took := time.Since(closing); took > prompt {
-				t.Errorf("Close took %v", took)
-			}
-			st := client.Stats()
-			if st.RecvFree != st.RecvSlots || st.SendFree != st.SendSlots || st.InFlight != 0 || st.Endpoints != 0 {
-				t.Errorf("after Close: %+v", st)
-			}
-			poolsFull(t, server)
-			if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "sparse"}, dtl.NewSink(dtltest.Dst(t))); !errors.Is(err, net.ErrClosed) {
-				t.Errorf("Fetch after Close: %v", err)
-			}
-		})
-	}
+		}
+		if took := time.Since(closing); took > prompt {
+			t.Errorf("Close took %v", took)
+		}
+		st := client.Stats()
+		if st.RecvFree != st.RecvSlots || st.SendFree != st.SendSlots || st.InFlight != 0 || st.Endpoints != 0 {
+			t.Errorf("after Close: %+v", st)
+		}
+		poolsFull(t, server)
+		if _, err := client.Fetch(ctx, server.Addr(), dtl.Request{Path: "sparse"}, dtl.NewSink(dtltest.Dst(t))); !errors.Is(err, net.ErrClosed) {
+			t.Errorf("Fetch after Close: %v", err)
+		}
+	})
 }
 
 // TestCloseEndsEverything: Close with endpoints idle, transfers in flight
@@ -449,9 +419,7 @@ func TestWrongSecretRefused(t *testing.T) {
 // closed on both sides, and the next transfer opens a new one.
 func TestIdleEndpointsClosed(t *testing.T) {
 	quick := func(tun *tuning) { tun.idleTTL, tun.serverIdle = 300*time.Millisecond, 600*time.Millisecond }
-	s := dtltest.NewSecret()
-	server, src, _ := served(t, s, opts{tune: quick})
-	client, _ := testTransport(t, s, opts{tune: quick})
+	server, client, src := dtltest.Pair(t, opts{tune: quick}, testTransport)
 	src.WriteFile("f", []byte("data"))
 	fetch := func() {
 		t.Helper()
@@ -473,16 +441,11 @@ func TestIdleEndpointsClosed(t *testing.T) {
 // are in flight free every buffer on both sides, and the owner stops
 // sending.
 func TestCancelReleases(t *testing.T) {
-	s := dtltest.NewSecret()
-	server, src, _ := served(t, s, opts{})
-	client, _ := testTransport(t, s, opts{})
+	server, client, src := dtltest.Pair(t, opts{}, testTransport)
 	makeSparse(t, filepath.Join(src.Root(), "big"), 4<<30, 16, 16<<20)
 	for range 10 {
 		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 4)
-		for range 4 {
-			dtltest.FetchAsync(t, ctx, client, server.Addr(), "big", done)
-		}
+		done := dtltest.FetchAllAsync(t, ctx, client, server.Addr(), "big", "big", "big", "big")
 		time.Sleep(20 * time.Millisecond) // some chunks in flight
 		cancel()
 		for range 4 {
@@ -541,9 +504,7 @@ func TestGoSignalsSurviveUCX(t *testing.T) {
 
 // TestSparseSendsOnlyData: only the data extents of a sparse file travel.
 func TestSparseSendsOnlyData(t *testing.T) {
-	s := dtltest.NewSecret()
-	server, src, _ := served(t, s, opts{})
-	client, _ := testTransport(t, s, opts{})
+	server, client, src := dtltest.Pair(t, opts{}, testTransport)
 	got := dtltest.FetchSparse(t, client, server, src, func() int64 { return server.Stats().BytesSent })
 	var st syscall.Stat_t
 	syscall.Fstat(int(got.Fd()), &st)

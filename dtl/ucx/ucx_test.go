@@ -72,53 +72,51 @@ func ctxFor(t testing.TB) context.Context {
 func served(t testing.TB, secret []byte, o opts) (*Transport, *dtltest.Source, *dtltest.LogBuf) {
 	t.Helper()
 	server, lb := testTransport(t, secret, o)
-	src := dtltest.NewSource(t.TempDir())
-	if err := server.Serve(src); err != nil {
-		t.Fatal(err)
+	return server, dtltest.Serving(t, server), lb
+}
+
+// onEachWire runs test as a subtest on each wire, named after it, with its
+// UCX_TLS.
+func onEachWire(t *testing.T, test func(t *testing.T, tls string)) {
+	for name, tls := range wires {
+		t.Run(name, func(t *testing.T) { test(t, tls) })
 	}
-	return server, src, lb
 }
 
 // TestSmoke fetches a small and a chunked file on each wire, and shows
 // the lanes UCX chose (go test -v).
 func TestSmoke(t *testing.T) {
-	for name, tls := range wires {
-		t.Run(name, func(t *testing.T) {
-			s := dtltest.NewSecret()
-			server, src, _ := served(t, s, opts{tls: tls})
-			client, _ := testTransport(t, s, opts{tls: tls})
-			data := make([]byte, 5<<20+3)
-			rand.Read(data)
-			src.WriteFile("big", data)
-			src.WriteFile("small", []byte("hello"))
-			for _, p := range []string{"small", "big", "small"} {
-				dst := dtltest.Dst(t)
-				start := time.Now()
-				info, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: p}, dtl.NewSink(dst))
-				if err != nil {
-					t.Fatal(err)
-				}
-				got, _ := os.ReadFile(dst.Name())
-				want, _ := os.ReadFile(src.Root() + "/" + p)
-				if !bytes.Equal(got, want) {
-					t.Fatalf("%s differs", p)
-				}
-				t.Logf("%s: %d bytes in %v", p, info.Size, time.Since(start))
+	onEachWire(t, func(t *testing.T, tls string) {
+		server, client, src := dtltest.Pair(t, opts{tls: tls}, testTransport)
+		data := make([]byte, 5<<20+3)
+		rand.Read(data)
+		src.WriteFile("big", data)
+		src.WriteFile("small", []byte("hello"))
+		for _, p := range []string{"small", "big", "small"} {
+			dst := dtltest.Dst(t)
+			start := time.Now()
+			info, err := client.Fetch(ctxFor(t), server.Addr(), dtl.Request{Path: p}, dtl.NewSink(dst))
+			if err != nil {
+				t.Fatal(err)
 			}
-			t.Logf("client %+v", client.Stats())
-			t.Logf("server %+v", server.Stats())
-			t.Logf("the endpoint UCX made:\n%s", client.endpointInfo(server.Addr()))
-		})
-	}
+			got, _ := os.ReadFile(dst.Name())
+			want, _ := os.ReadFile(src.Root() + "/" + p)
+			if !bytes.Equal(got, want) {
+				t.Fatalf("%s differs", p)
+			}
+			t.Logf("%s: %d bytes in %v", p, info.Size, time.Since(start))
+		}
+		t.Logf("client %+v", client.Stats())
+		t.Logf("server %+v", server.Stats())
+		t.Logf("the endpoint UCX made:\n%s", client.endpointInfo(server.Addr()))
+	})
 }
 
 // TestSharedMemoryOnOneHost: between daemons of one host with
 // UCX_TLS=sm,tcp, the endpoint (which handles peer failures) moves chunks
 // through shared memory: its bulk lane is CMA, not TCP loopback.
 func TestSharedMemoryOnOneHost(t *testing.T) {
-	s := dtltest.NewSecret()
-	server, src, _ := served(t, s, opts{tls: wires["shm"]})
-	client, _ := testTransport(t, s, opts{tls: wires["shm"]})
+	server, client, src := dtltest.Pair(t, opts{tls: wires["shm"]}, testTransport)
 	data := make([]byte, 3<<20)
 	rand.Read(data)
 	src.WriteFile("f", data)
@@ -146,14 +144,12 @@ func TestSharedMemoryOnOneHost(t *testing.T) {
 }
 
 func TestConformance(t *testing.T) {
-	for name, tls := range wires {
-		t.Run(name, func(t *testing.T) {
-			dtltest.Run(t, func(t *testing.T) (dtl.Transport, dtl.Transport) {
-				s := dtltest.NewSecret()
-				server, _ := testTransport(t, s, opts{tls: tls})
-				client, _ := testTransport(t, s, opts{tls: tls})
-				return server, client
-			})
+	onEachWire(t, func(t *testing.T, tls string) {
+		dtltest.Run(t, func(t *testing.T) (dtl.Transport, dtl.Transport) {
+			s := dtltest.NewSecret()
+			server, _ := testTransport(t, s, opts{tls: tls})
+			client, _ := testTransport(t, s, opts{tls: tls})
+			return server, client
 		})
-	}
+	})
 }

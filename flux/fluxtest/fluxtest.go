@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dyadfs/dyadfs/flux"
 )
 
 // Binary is the flux command, found on PATH or where install.sh puts it.
@@ -101,4 +103,15 @@ func Start(t testing.TB, size int) *Instance {
 		t.Fatalf("flux start: %d URIs for %d brokers", len(in.URIs), size)
 	}
 	return in
+}
+
+// Open opens a handle on the broker of rank, closed when the test ends.
+func (in *Instance) Open(t testing.TB, rank int) *flux.Handle {
+	t.Helper()
+	h, err := flux.Open(in.URIs[rank])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
 }

@@ -24,6 +24,13 @@ type fixture struct {
 
 func newFixture(t *testing.T, mod func(*Config)) *fixture {
 	t.Helper()
+	return newFixtureOver(t, mod, func(s hfl.Store) hfl.Store { return s })
+}
+
+// newFixtureOver is newFixture whose managed directory uses over(the
+// fixture's store): a wrapper that fails on demand.
+func newFixtureOver(t *testing.T, mod func(*Config), over func(hfl.Store) hfl.Store) *fixture {
+	t.Helper()
 	dir := t.TempDir()
 	cfg := DefaultConfig()
 	cfg.Backing = dir
@@ -33,12 +40,19 @@ func newFixture(t *testing.T, mod func(*Config)) *fixture {
 	}
 	store := embedded.New()
 	t.Cleanup(func() { store.Close() })
+	return &fixture{t: t, d: newDMD(t, cfg, over(store)), store: store, dir: cfg.Backing}
+}
+
+// newDMD starts a managed directory with cfg over store, closed at the end
+// of the test.
+func newDMD(t *testing.T, cfg Config, store hfl.Store) *DMD {
+	t.Helper()
 	d, err := New(cfg, Parts{Store: store, Locator: hfl.DefaultLocatorConfig()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
-	return &fixture{t: t, d: d, store: store, dir: cfg.Backing}
+	return d
 }
 
 func (fx *fixture) ctx() context.Context {
@@ -91,13 +105,18 @@ func (fx *fixture) end(w *Writer, f *os.File, rel string) {
 	f.Close()
 }
 
-// written creates rel with data, as a writer does through the mount, and
-// returns its published record.
-func (fx *fixture) written(rel, data string) hfl.Record {
+// write creates rel with data, as a writer does through the mount.
+func (fx *fixture) write(rel, data string) {
 	fx.t.Helper()
 	w, f := fx.create(rel)
 	f.WriteString(data)
 	fx.end(w, f, rel)
+}
+
+// written is write that returns the published record.
+func (fx *fixture) written(rel, data string) hfl.Record {
+	fx.t.Helper()
+	fx.write(rel, data)
 	rec, err := fx.record(rel)
 	if err != nil {
 		fx.t.Fatal(err)
@@ -137,11 +156,9 @@ func TestPublishOnLastRelease(t *testing.T) {
 
 func TestUnchangedWriterDoesNotRepublish(t *testing.T) {
 	fx := newFixture(t, nil)
-	w, f := fx.create("x")
-	f.WriteString("data")
-	fx.end(w, f, "x")
+	fx.write("x", "data")
 	first, _ := fx.record("x")
-	w, f = fx.openWrite("x", os.O_RDWR)
+	w, f := fx.openWrite("x", os.O_RDWR)
 	buf := make([]byte, 4)
 	f.ReadAt(buf, 0)
 	fx.end(w, f, "x")
@@ -322,9 +339,7 @@ func mustOpen(t *testing.T, p string) *os.File {
 func TestRenameMovesRecords(t *testing.T) {
 	fx := newFixture(t, nil)
 	for _, rel := range []string{"dir/a", "dir/sub/b", "tmpfile"} {
-		w, f := fx.create(rel)
-		f.WriteString(rel)
-		fx.end(w, f, rel)
+		fx.write(rel, rel)
 	}
 	os.Rename(filepath.Join(fx.dir, "tmpfile"), filepath.Join(fx.dir, "final"))
 	fx.d.Renamed(fx.ctx(), "tmpfile", "final")
@@ -357,10 +372,5 @@ func TestRemovedUnpublishes(t *testing.T) {
 
 func TestFsyncOnPublish(t *testing.T) {
 	fx := newFixture(t, func(c *Config) { c.FsyncOnPublish = true })
-	w, f := fx.create("durable")
-	f.WriteString("x")
-	fx.end(w, f, "durable")
-	if _, err := fx.record("durable"); err != nil {
-		t.Fatal(err)
-	}
+	fx.written("durable", "x")
 }

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/dyadfs/dyadfs/dtl"
-	"github.com/dyadfs/dyadfs/hfl"
 )
 
 // inoAt is the inode number the mount shows for backing path rel.
@@ -25,9 +24,7 @@ func (fx *fixture) inoAt(rel string) uint64 {
 // written here (its publish carries it on) and across a restart.
 func TestInodeNumbersFollowTheFile(t *testing.T) {
 	fx := newFixture(t, nil)
-	w, f := fx.create("own.dat")
-	f.WriteString("mine")
-	fx.end(w, f, "own.dat")
+	fx.write("own.dat", "mine")
 	own := fx.inoAt("own.dat")
 	if rec, err := fx.record("own.dat"); err != nil || rec.Ino != own || own == 0 {
 		t.Fatalf("own file shows %d; its record %+v, %v", own, rec, err)
@@ -39,7 +36,7 @@ func TestInodeNumbersFollowTheFile(t *testing.T) {
 	if got := fx.inoAt("c.dat"); got != theirs {
 		t.Fatalf("a copy shows %d, its record says %d", got, theirs)
 	}
-	w, f = fx.openWrite("c.dat", os.O_WRONLY|os.O_APPEND)
+	w, f := fx.openWrite("c.dat", os.O_WRONLY|os.O_APPEND)
 	f.WriteString("+")
 	fx.end(w, f, "c.dat")
 	if rec, err := fx.record("c.dat"); err != nil || rec.Owner != "n1" || rec.Ino != theirs {
@@ -51,11 +48,7 @@ func TestInodeNumbersFollowTheFile(t *testing.T) {
 	// A daemon started again over the backing directory.
 	fx.d.Close()
 	cfg := fx.d.cfg
-	d, err := New(cfg, Parts{Store: fx.store, Locator: hfl.DefaultLocatorConfig()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
+	d := newDMD(t, cfg, fx.store)
 	if _, err := d.Scan(fx.ctx()); err != nil {
 		t.Fatal(err)
 	}

@@ -103,9 +103,7 @@ func TestCopiesAreNotRepublished(t *testing.T) {
 
 func TestServeNewerGenerationThanCached(t *testing.T) {
 	fx := newFixture(t, nil)
-	w, f := fx.create("s.dat")
-	f.WriteString("v1")
-	fx.end(w, f, "s.dat")
+	fx.write("s.dat", "v1")
 	first, _ := fx.record("s.dat")
 	// Another publish of the same file reaches the store without passing
 	// through this node's cache (as a consumer can see it first).
@@ -125,7 +123,7 @@ func TestServeNewerGenerationThanCached(t *testing.T) {
 	if err := fx.d.Unchanged(sf, info); err != nil {
 		t.Fatalf("Unchanged of an unchanged file: %v", err)
 	}
-	w, f = fx.openWrite("s.dat", os.O_WRONLY)
+	w, f := fx.openWrite("s.dat", os.O_WRONLY)
 	if err := fx.d.Unchanged(sf, info); !errors.Is(err, dtl.ErrBusy) {
 		t.Fatalf("Unchanged while a writer holds it: %v, want dtl.ErrBusy", err)
 	}
@@ -134,9 +132,7 @@ func TestServeNewerGenerationThanCached(t *testing.T) {
 
 func TestSharedStoragePublishesRenames(t *testing.T) {
 	fx := newFixture(t, func(c *Config) { c.SharedStorage = true })
-	w, f := fx.create("tmp")
-	f.WriteString("whole")
-	fx.end(w, f, "tmp")
+	fx.write("tmp", "whole")
 	os.Rename(filepath.Join(fx.dir, "tmp"), filepath.Join(fx.dir, "final"))
 	fx.d.Renamed(fx.ctx(), "tmp", "final")
 	if _, err := fx.record("final"); err != nil {
@@ -173,25 +169,14 @@ func (f *flakyStore) Remove(ctx context.Context, key hfl.Slot, owner hfl.RemoveC
 }
 
 func TestFailedPublishesAreRetried(t *testing.T) {
-	dir := t.TempDir()
-	inner := embedded.New()
-	t.Cleanup(func() { inner.Close() })
-	store := &flakyStore{Store: inner}
-	cfg := DefaultConfig()
-	cfg.Backing, cfg.Node = dir, "n1"
-	d, err := New(cfg, Parts{Store: store, Locator: hfl.DefaultLocatorConfig()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	fx := &fixture{t: t, d: d, store: inner, dir: dir}
+	store := &flakyStore{}
+	fx := newFixtureOver(t, nil, func(inner hfl.Store) hfl.Store { store.Store = inner; return store })
+	d, dir := fx.d, fx.dir
 
 	w, f := fx.create("kept")
 	fx.end(w, f, "kept") // published while the store works
 	store.down.Store(true)
-	w, f = fx.create("late")
-	f.WriteString("x")
-	fx.end(w, f, "late")
+	fx.write("late", "x")
 	os.Remove(filepath.Join(dir, "kept"))
 	d.Removed(fx.ctx(), "kept", FileID{}, true)
 	if d.PendingPublishes() != 2 {
@@ -220,11 +205,7 @@ func TestUncleanStopDropsCopies(t *testing.T) {
 	t.Cleanup(func() { store.Close() })
 	cfg := DefaultConfig()
 	cfg.Backing, cfg.Node = dir, "n1"
-	d2, err := New(cfg, Parts{Store: store, Locator: hfl.DefaultLocatorConfig()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d2.Close() })
+	d2 := newDMD(t, cfg, store)
 	res, err := d2.Scan(context.Background())
 	if err != nil || res.Dropped != 1 {
 		t.Fatalf("scan after an unclean stop: %+v, %v; want one copy dropped", res, err)
@@ -263,18 +244,11 @@ func (s *refusingStore) refuse(err error) {
 // publishes nothing (the release does); a file changed after its close
 // is published again at release.
 func TestCloseReportsTheStoresVerdict(t *testing.T) {
-	dir := t.TempDir()
-	inner := embedded.New()
-	t.Cleanup(func() { inner.Close() })
-	store := &refusingStore{Store: inner}
-	cfg := DefaultConfig()
-	cfg.Backing, cfg.Node, cfg.CloseWait = dir, "n1", 300*time.Millisecond
-	d, err := New(cfg, Parts{Store: store, Locator: hfl.DefaultLocatorConfig()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	fx := &fixture{t: t, d: d, store: inner, dir: dir}
+	const closeWait = 300 * time.Millisecond
+	store := &refusingStore{}
+	fx := newFixtureOver(t, func(c *Config) { c.CloseWait = closeWait },
+		func(inner hfl.Store) hfl.Store { store.Store = inner; return store })
+	d := fx.d
 	notHeld := func(uint32) bool { return false }
 	const tid = 1 // BeginWrite's writer in fx.create
 
@@ -310,8 +284,8 @@ func TestCloseReportsTheStoresVerdict(t *testing.T) {
 	f.WriteString("x")
 	start = time.Now()
 	err = w.Close(fx.ctx(), int(f.Fd()), "down", tid, notHeld)
-	if took := time.Since(start); !errors.Is(err, ErrPublish) || took < cfg.CloseWait || took > 5*cfg.CloseWait {
-		t.Fatalf("Close while the store does not answer: %v after %v; want ErrPublish after %v", err, took, cfg.CloseWait)
+	if took := time.Since(start); !errors.Is(err, ErrPublish) || took < closeWait || took > 5*closeWait {
+		t.Fatalf("Close while the store does not answer: %v after %v; want ErrPublish after %v", err, took, closeWait)
 	}
 	fx.end(w, f, "down")
 	store.refuse(nil)

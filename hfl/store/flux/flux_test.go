@@ -17,16 +17,6 @@ import (
 	"github.com/dyadfs/dyadfs/hfl/store/storetest"
 )
 
-func handle(t *testing.T, uri string) *flux.Handle {
-	t.Helper()
-	h, err := flux.Open(uri)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
-	return h
-}
-
 func open(t *testing.T, h *flux.Handle, name string) *fluxstore.Store {
 	t.Helper()
 	cfg := fluxstore.DefaultConfig(name)
@@ -43,7 +33,7 @@ func open(t *testing.T, h *flux.Handle, name string) *fluxstore.Store {
 // crosses the overlay, every read is rank 1's.
 func TestFluxStoreConformance(t *testing.T) {
 	in := fluxtest.Start(t, 2)
-	h0, h1 := handle(t, in.URIs[0]), handle(t, in.URIs[1])
+	h0, h1 := in.Open(t, 0), in.Open(t, 1)
 	var n atomic.Int64
 	storetest.Run(t, func(t *testing.T) store.Store {
 		name := fmt.Sprintf("t%d", n.Add(1))
@@ -58,7 +48,7 @@ func TestFluxStoreConformance(t *testing.T) {
 // TTL to wait for; one registered by a live daemon stays.
 func TestFluxRegistrationOfADeadDaemon(t *testing.T) {
 	in := fluxtest.Start(t, 3)
-	h0 := handle(t, in.URIs[0])
+	h0 := in.Open(t, 0)
 	ser := open(t, h0, "reg")
 	defer ser.Close()
 	ctx := context.Background()
@@ -94,7 +84,7 @@ func TestFluxRegistrationOfADeadDaemon(t *testing.T) {
 // database's.
 func TestFluxHealthSize(t *testing.T) {
 	in := fluxtest.Start(t, 2)
-	h0, h1 := handle(t, in.URIs[0]), handle(t, in.URIs[1])
+	h0, h1 := in.Open(t, 0), in.Open(t, 1)
 	ser := open(t, h0, "size")
 	defer ser.Close()
 	s := open(t, h1, "size")
@@ -118,7 +108,7 @@ func TestFluxHealthSize(t *testing.T) {
 // a hundred.
 func TestFluxPublishWhileBrokerLoadsNamespace(t *testing.T) {
 	in := fluxtest.Start(t, 2)
-	h0, h1 := handle(t, in.URIs[0]), handle(t, in.URIs[1])
+	h0, h1 := in.Open(t, 0), in.Open(t, 1)
 	slot := store.Slot{Key: "job/f", Dir: "job/", Name: "f"}
 	for i := 0; i < 300; i++ {
 		name := fmt.Sprintf("load%d", i)
