@@ -7,6 +7,7 @@ import (
 
 	"github.com/dyadfs/dyadfs/fs/dmd"
 	"github.com/dyadfs/dyadfs/hfl"
+	"github.com/dyadfs/dyadfs/internal/every"
 )
 
 // storeHealthEvery is how often the daemon asks the store how it is: the
@@ -32,18 +33,7 @@ type storeMonitor struct {
 func watchStore(ctx context.Context, store hfl.Store, url, namespace string) *storeMonitor {
 	m := &storeMonitor{store: store, namespace: namespace, url: url}
 	m.check(ctx)
-	go func() {
-		t := time.NewTicker(storeHealthEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				m.check(ctx)
-			}
-		}
-	}()
+	go every.Run(ctx, storeHealthEvery, func() { m.check(ctx) })
 	return m
 }
 

@@ -306,16 +306,16 @@ func (d *decoder) byte() byte {
 
 func (d *decoder) uvarint() uint64 {
 	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
-		d.fail("bad number")
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
+	return d.number(v, n)
 }
 
 func (d *decoder) varint() int64 {
 	v, n := binary.Varint(d.b)
+	return int64(d.number(uint64(v), n))
+}
+
+// number passes v on once its n bytes are read (none: not a number).
+func (d *decoder) number(v uint64, n int) uint64 {
 	if n <= 0 {
 		d.fail("bad number")
 		return 0

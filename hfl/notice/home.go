@@ -3,6 +3,7 @@ package notice
 import (
 	"context"
 	"github.com/dyadfs/dyadfs/hfl"
+	"github.com/dyadfs/dyadfs/internal/every"
 	"path"
 
 	"sync"
@@ -545,18 +546,9 @@ func (h *homeSide) evictLocked() {
 	}
 }
 
-// sweep forgets promises that ran out, until the daemon stops.
+// sweep forgets promises that ran out, until ctx ends.
 func (h *homeSide) sweep(ctx context.Context) {
-	t := time.NewTicker(h.n.t.promiseTTL / 2)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		h.expire(time.Now())
-	}
+	every.Run(ctx, h.n.t.promiseTTL/2, func() { h.expire(time.Now()) })
 }
 
 // dropHoldersLocked forgets the promises (of paths and of listings) for

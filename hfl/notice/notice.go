@@ -130,22 +130,12 @@ const (
 	kindRevoke                      // home → holder it took for cut off: its promises from the home are void
 )
 
+var kindNames = [...]string{kindPublished: "pub", kindUnpublished: "unpub", kindAsk: "ask", kindList: "list",
+	kindBreak: "brk", kindJoin: "join", kindRevoke: "rvk"}
+
 func (k kind) String() string {
-	switch k {
-	case kindPublished:
-		return "pub"
-	case kindUnpublished:
-		return "unpub"
-	case kindAsk:
-		return "ask"
-	case kindList:
-		return "list"
-	case kindBreak:
-		return "brk"
-	case kindJoin:
-		return "join"
-	case kindRevoke:
-		return "rvk"
+	if int(k) < len(kindNames) && kindNames[k] != "" {
+		return kindNames[k]
 	}
 	return fmt.Sprintf("kind(%d)", byte(k))
 }
