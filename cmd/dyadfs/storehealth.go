@@ -33,7 +33,7 @@ type storeMonitor struct {
 func watchStore(ctx context.Context, store hfl.Store, url, namespace string) *storeMonitor {
 	m := &storeMonitor{store: store, namespace: namespace, url: url}
 	m.check(ctx)
-	go every.Run(ctx, storeHealthEvery, func() { m.check(ctx) })
+	go every.Run(ctx, storeHealthEvery, nil, func() { m.check(ctx) })
 	return m
 }
 

@@ -548,7 +548,7 @@ func (h *homeSide) evictLocked() {
 
 // sweep forgets promises that ran out, until ctx ends.
 func (h *homeSide) sweep(ctx context.Context) {
-	every.Run(ctx, h.n.t.promiseTTL/2, func() { h.expire(time.Now()) })
+	every.Run(ctx, h.n.t.promiseTTL/2, nil, func() { h.expire(time.Now()) })
 }
 
 // dropHoldersLocked forgets the promises (of paths and of listings) for

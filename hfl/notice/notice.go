@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/dyadfs/dyadfs/hfl"
+	"github.com/dyadfs/dyadfs/internal/every"
 	"log/slog"
 	"sort"
 	"sync"
@@ -307,22 +308,16 @@ func (n *Protocol) refresh(ctx context.Context) error {
 	return nil
 }
 
+// keepMembers reads the members now and then, and at once when a peer
+// failed (see peerFailed), until ctx ends.
 func (n *Protocol) keepMembers(ctx context.Context) {
-	t := time.NewTicker(n.t.refresh)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-n.refreshNow:
-		}
+	every.Run(ctx, n.t.refresh, n.refreshNow, func() {
 		rctx, cancel := context.WithTimeout(ctx, n.t.timeout)
+		defer cancel()
 		if err := n.refresh(rctx); err != nil && ctx.Err() == nil {
 			n.log.Warn("cannot read the job's members; notices go to the members known", "err", err)
 		}
-		cancel()
-	}
+	})
 }
 
 // peerFailed notes that a peer could not be reached: the members are read

@@ -6,8 +6,9 @@ import (
 	"time"
 )
 
-// Run calls f every d until ctx ends; it returns then.
-func Run(ctx context.Context, d time.Duration, f func()) {
+// Run calls f every d, and at once whenever now delivers (nil: never),
+// until ctx ends; it returns then.
+func Run(ctx context.Context, d time.Duration, now <-chan struct{}, f func()) {
 	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
@@ -15,7 +16,8 @@ func Run(ctx context.Context, d time.Duration, f func()) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			f()
+		case <-now:
 		}
+		f()
 	}
 }
