@@ -25,6 +25,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -274,8 +275,53 @@ func baseDir(tid uint32, dirfd int32) (string, error) {
 
 // Tgid returns the process (thread group) id of thread tid.
 func Tgid(tid uint32) (uint32, error) {
+	if tgid, ok := tgids.get(tid); ok && inGroup(tgid, tid) {
+		return tgid, nil
+	}
 	tgid, _, err := status(tid)
+	if err == nil {
+		tgids.put(tid, tgid)
+	}
 	return tgid, err
+}
+
+// tgids remembers the processes of threads seen lately: the kernel formats
+// the whole of /proc/<tid>/status for one line of it, at every create and
+// close, and that cost more than the rest of their work here.
+var tgids = tgidCache{m: make(map[uint32]uint32)}
+
+// maxTgids bounds the threads remembered; past it they are forgotten all
+// at once (they are read again).
+const maxTgids = 4096
+
+type tgidCache struct {
+	mu sync.Mutex
+	m  map[uint32]uint32
+}
+
+func (c *tgidCache) get(tid uint32) (uint32, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	tgid, ok := c.m[tid]
+	return tgid, ok
+}
+
+func (c *tgidCache) put(tid, tgid uint32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.m) >= maxTgids {
+		clear(c.m)
+	}
+	c.m[tid] = tgid
+}
+
+// inGroup reports whether thread tid belongs to process tgid now. A thread
+// id is reused only once its thread ended, and then for a thread of
+// another process (whose group /proc does not list it under tgid) or for
+// a new process of that id (whose group is itself).
+func inGroup(tgid, tid uint32) bool {
+	var st unix.Stat_t
+	return unix.Stat("/proc/"+strconv.FormatUint(uint64(tgid), 10)+"/task/"+strconv.FormatUint(uint64(tid), 10), &st) == nil
 }
 
 // Groups returns the supplementary group ids of thread tid.

@@ -4,10 +4,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dyadfs/dyadfs/internal/poll"
 )
@@ -185,5 +188,23 @@ func BenchmarkHoldsPath(b *testing.B) {
 		if HoldsPath(pid, missing) {
 			b.Fatal("holds a file it never opened")
 		}
+	}
+}
+
+// TestTgidRemembered: a thread's process is read once and remembered, and
+// a remembered process that no longer holds the thread (its id reused) is
+// read again.
+func TestTgidRemembered(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	tid := uint32(unix.Gettid())
+	for range 2 {
+		if got, err := Tgid(tid); err != nil || got != uint32(os.Getpid()) {
+			t.Fatalf("Tgid(%d) = %d, %v; want %d", tid, got, err, os.Getpid())
+		}
+	}
+	tgids.put(tid, 1) // as if tid had belonged to init's group
+	if got, err := Tgid(tid); err != nil || got != uint32(os.Getpid()) {
+		t.Fatalf("Tgid(%d) after its id was reused = %d, %v; want %d", tid, got, err, os.Getpid())
 	}
 }
