@@ -199,8 +199,10 @@ func (s *singleNode) Stats() (*NoticeStats, int) { return nil, s.cache.len() }
 
 // NoticeStats counts notices.
 type NoticeStats struct {
-	Members  int    `json:"members"`
-	Sent     uint64 `json:"sent"`
+	Members int    `json:"members"`
+	Sent    uint64 `json:"sent"`
+	// Batched counts the notices that went with others in one message.
+	Batched  uint64 `json:"sent_in_batches"`
 	Received uint64 `json:"received"`
 	Failed   uint64 `json:"failed"`
 	// Breaks counts changes a home passed on to holders; Broken, the

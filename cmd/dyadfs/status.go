@@ -117,7 +117,8 @@ func printStatus(out io.Writer, st *fs.Status) {
 	row("  cached records", st.Locator.Cached)
 	if n := st.Locator.Notices; n != nil {
 		row("  members", n.Members)
-		row("  notices sent / received", fmt.Sprintf("%d / %d (failed %d)", n.Sent, n.Received, n.Failed))
+		row("  messages sent / notices received", fmt.Sprintf("%d / %d (failed %d)", n.Sent, n.Received, n.Failed))
+		row("  notices sent together with others", n.Batched)
 		row("  changes passed on / told here", fmt.Sprintf("%d / %d", n.Breaks, n.Broken))
 		row("  promises kept as home / held", fmt.Sprintf("%d / %d", n.Holders, n.Promises))
 		row("  waits woken by a notice", n.WokenBy)

@@ -129,10 +129,11 @@ const (
 	kindBreak                       // home → holder: Path, Rec or Gen, Listing
 	kindJoin                        // a starting daemon → every member: Member
 	kindRevoke                      // home → holder it took for cut off: its promises from the home are void
+	kindBatch                       // notices sent together (see outbox)
 )
 
 var kindNames = [...]string{kindPublished: "pub", kindUnpublished: "unpub", kindAsk: "ask", kindList: "list",
-	kindBreak: "brk", kindJoin: "join", kindRevoke: "rvk"}
+	kindBreak: "brk", kindJoin: "join", kindRevoke: "rvk", kindBatch: "batch"}
 
 func (k kind) String() string {
 	if int(k) < len(kindNames) && kindNames[k] != "" {
@@ -186,7 +187,11 @@ type Protocol struct {
 	// holder that left the members meanwhile that its promises are void.
 	seen map[string]hfl.Member
 
-	sent, received, failed, breaks, broken, woken, storeWaits, homeWaits, silent, revoked atomic.Uint64
+	// outboxes queue the notices to each node (see outbox).
+	outMu    sync.Mutex
+	outboxes map[string]*outbox
+
+	sent, received, failed, breaks, broken, woken, storeWaits, homeWaits, silent, revoked, batched atomic.Uint64
 }
 
 // Over returns the notices of a node that exchanges them with the other
@@ -203,7 +208,7 @@ func New(ctx context.Context, env hfl.NoticeEnv, peers Peers, log *slog.Logger) 
 		log = slog.New(slog.DiscardHandler)
 	}
 	n := &Protocol{env: env, peers: peers, log: log, ctx: ctx, t: currentTiming(),
-		since: make(map[string]time.Time), refreshNow: make(chan struct{}, 1)}
+		since: make(map[string]time.Time), refreshNow: make(chan struct{}, 1), outboxes: make(map[string]*outbox)}
 	n.home = newHomeSide(n)
 	n.holder = newHolderSide(n)
 	// Publish numbers start from the clock, so that they are not reused
@@ -420,9 +425,19 @@ func (n *Protocol) memberLocked(node string) hfl.Member {
 	return hfl.Member{}
 }
 
-// send delivers a notice to m and returns the reply.
+// send delivers a notice to m and returns the reply. Notices to one node
+// that are sent while one is on its way there go together in the next
+// message (see outbox).
 func (n *Protocol) send(ctx context.Context, m hfl.Member, msg notice) ([]byte, error) {
 	b := encodeNotice(msg)
+	if !batchable(msg) || len(b) > maxBatchBytes {
+		return n.sendNow(ctx, m, b)
+	}
+	return n.outboxOf(m).send(ctx, b)
+}
+
+// sendNow sends one message, a notice or a batch of them, to m.
+func (n *Protocol) sendNow(ctx context.Context, m hfl.Member, b []byte) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, n.t.timeout)
 	defer cancel()
 	n.sent.Add(1)
@@ -463,10 +478,18 @@ func (n *Protocol) HandleMessage(ctx context.Context, from string, msg []byte) (
 	if !n.started.Load() {
 		return nil, errors.New("this node takes no notices yet")
 	}
+	if isBatch(msg) {
+		return n.handleBatch(ctx, from, msg)
+	}
 	in, err := decodeNotice(msg)
 	if err != nil {
 		return nil, fmt.Errorf("bad notice: %w", err)
 	}
+	return n.handle(ctx, from, in)
+}
+
+// handle answers notice in from node from.
+func (n *Protocol) handle(ctx context.Context, from string, in notice) ([]byte, error) {
 	n.received.Add(1)
 	if _, known := n.member(from); !known && in.Kind != kindJoin {
 		n.peerFailed() // a member this node has not heard of: read the list again
@@ -544,5 +567,5 @@ func (n *Protocol) stats() hfl.NoticeStats {
 	return hfl.NoticeStats{Members: members, Sent: n.sent.Load(), Received: n.received.Load(), Failed: n.failed.Load(),
 		Breaks: n.breaks.Load(), Broken: n.broken.Load(), Holders: n.home.holders(), Promises: n.holder.promises(),
 		WokenBy: n.woken.Load(), StoreWaits: n.storeWaits.Load(), HomeWaits: n.homeWaits.Load(),
-		SilentHolders: n.silent.Load(), Revoked: n.revoked.Load()}
+		SilentHolders: n.silent.Load(), Revoked: n.revoked.Load(), Batched: n.batched.Load()}
 }

@@ -347,6 +347,7 @@ func FuzzHandleMessage(f *testing.F) {
 	} {
 		f.Add(encodeNotice(msg))
 	}
+	f.Add(encodeBatch([][]byte{encodeNotice(notice{Kind: kindAsk, Path: "a/b"}), encodeNotice(notice{Kind: kindList, Path: "a"})}))
 	store := embedded.New()
 	ctx, cancel := context.WithCancel(context.Background())
 	f.Cleanup(cancel)

@@ -1,0 +1,284 @@
+package notice
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync"
+
+	"github.com/dyadfs/dyadfs/hfl"
+)
+
+// Notices to one node go as the messages of one connection: a message is
+// a system call on each side and a round trip, which cost more than the
+// notice. While one is on its way to a node, the notices for that node
+// queue, and the next message carries all of them (a batch); a lone notice
+// goes at once, alone. The receiver handles a batch's notices at once, each
+// in its own goroutine, as it handles separate messages, and answers with
+// all the replies. A notice that may wait for other nodes before its reply
+// (a publish or removal told before it returns) is not batched: the others
+// would wait with it.
+
+// Bounds of a batch: a message and its reply must stay within
+// dtl.MaxMessage (60 KiB), and a small file's bytes take up to 16 KiB.
+const (
+	maxBatch      = 64
+	maxBatchBytes = 40 << 10
+	// maxReplyBytes bounds a batch's replies; past it, an answer's small
+	// file bytes are left out (a transfer brings them).
+	maxReplyBytes = 40 << 10
+)
+
+// batchable reports whether msg may go in a batch.
+func batchable(msg notice) bool {
+	switch msg.Kind {
+	case kindPublished, kindUnpublished:
+		return !msg.Sync
+	case kindAsk, kindList, kindBreak:
+		return true
+	}
+	return false
+}
+
+// outbox queues the notices for one node.
+type outbox struct {
+	n *Protocol
+	m hfl.Member
+
+	mu    sync.Mutex
+	busy  bool // a message to m is on its way
+	queue []*parcel
+}
+
+// parcel is one queued notice and, once done is closed, its reply.
+type parcel struct {
+	b     []byte
+	reply []byte
+	err   error
+	done  chan struct{}
+}
+
+// outboxOf returns the outbox of m (of its incarnation: a restarted node
+// gets a new one).
+func (n *Protocol) outboxOf(m hfl.Member) *outbox {
+	key := m.Node + "\x00" + m.Addr + "\x00" + m.Started.String()
+	n.outMu.Lock()
+	defer n.outMu.Unlock()
+	o := n.outboxes[key]
+	if o == nil {
+		if len(n.outboxes) >= 4*maxBatch {
+			clear(n.outboxes) // members come and go; the busy ones are made again
+		}
+		o = &outbox{n: n, m: m}
+		n.outboxes[key] = o
+	}
+	return o
+}
+
+// send sends b, alone if nothing is on its way to the node, else in the
+// next batch, and returns its reply.
+func (o *outbox) send(ctx context.Context, b []byte) ([]byte, error) {
+	o.mu.Lock()
+	if !o.busy {
+		o.busy = true
+		o.mu.Unlock()
+		reply, err := o.n.sendNow(ctx, o.m, b)
+		o.next()
+		return reply, err
+	}
+	p := &parcel{b: b, done: make(chan struct{})}
+	o.queue = append(o.queue, p)
+	o.mu.Unlock()
+	select {
+	case <-p.done:
+		return p.reply, p.err
+	case <-ctx.Done():
+		o.mu.Lock()
+		for i, q := range o.queue {
+			if q == p {
+				o.queue = append(o.queue[:i], o.queue[i+1:]...)
+				break
+			}
+		}
+		o.mu.Unlock()
+		return nil, ctx.Err()
+	}
+}
+
+// next sends what queued while a message was on its way, in batches, from
+// a goroutine of its own (the sender of the last message does not wait for
+// the others'); with nothing queued, the outbox is idle.
+func (o *outbox) next() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.queue) == 0 {
+		o.busy = false
+		return
+	}
+	go func() {
+		for {
+			o.mu.Lock()
+			if len(o.queue) == 0 {
+				o.busy = false
+				o.mu.Unlock()
+				return
+			}
+			var batch []*parcel
+			size := 0
+			for len(o.queue) > 0 && len(batch) < maxBatch && (len(batch) == 0 || size+len(o.queue[0].b) <= maxBatchBytes) {
+				size += len(o.queue[0].b)
+				batch = append(batch, o.queue[0])
+				o.queue = o.queue[1:]
+			}
+			o.mu.Unlock()
+			o.deliver(batch)
+		}
+	}()
+}
+
+// deliver sends batch (one notice: as it is) and hands each parcel its
+// reply.
+func (o *outbox) deliver(batch []*parcel) {
+	defer func() {
+		for _, p := range batch {
+			close(p.done)
+		}
+	}()
+	if len(batch) == 1 {
+		batch[0].reply, batch[0].err = o.n.sendNow(o.n.ctx, o.m, batch[0].b)
+		return
+	}
+	msgs := make([][]byte, len(batch))
+	for i, p := range batch {
+		msgs[i] = p.b
+	}
+	o.n.batched.Add(uint64(len(batch)))
+	rb, err := o.n.sendNow(o.n.ctx, o.m, encodeBatch(msgs))
+	var replies []batchReply
+	if err == nil {
+		replies, err = decodeBatchReply(rb, len(batch))
+	}
+	for i, p := range batch {
+		if err != nil {
+			p.err = err
+		} else {
+			p.reply, p.err = replies[i].b, replies[i].err
+		}
+	}
+}
+
+// handleBatch answers a batch from node from: its notices at once, each
+// as a message of its own would be.
+func (n *Protocol) handleBatch(ctx context.Context, from string, msg []byte) ([]byte, error) {
+	msgs, err := decodeBatch(msg)
+	if err != nil {
+		return nil, fmt.Errorf("bad notice: %w", err)
+	}
+	replies := make([]batchReply, len(msgs))
+	var wg sync.WaitGroup
+	for i, b := range msgs {
+		wg.Go(func() {
+			in, err := decodeNotice(b)
+			if err == nil && !batchable(in) {
+				err = fmt.Errorf("%w: a %v notice in a batch", errBadMessage, in.Kind)
+			}
+			if err != nil {
+				replies[i].err = fmt.Errorf("bad notice: %w", err)
+				return
+			}
+			replies[i].b, replies[i].err = n.handle(ctx, from, in)
+		})
+	}
+	wg.Wait()
+	return encodeBatchReply(replies), nil
+}
+
+// batchReply is the reply to one notice of a batch, or its error.
+type batchReply struct {
+	b   []byte
+	err error
+}
+
+// isBatch reports whether msg is a batch.
+func isBatch(msg []byte) bool {
+	return len(msg) >= 2 && msg[0] == codecVersion && kind(msg[1]) == kindBatch
+}
+
+// encodeBatch encodes notices (each encoded) as one message.
+func encodeBatch(msgs [][]byte) []byte {
+	size := 8
+	for _, m := range msgs {
+		size += len(m) + binary.MaxVarintLen32
+	}
+	b := make([]byte, 0, size)
+	b = append(b, codecVersion, byte(kindBatch))
+	b = binary.AppendUvarint(b, uint64(len(msgs)))
+	for _, m := range msgs {
+		b = appendBytes(b, m)
+	}
+	return b
+}
+
+// decodeBatch returns a batch's notices (not copied: each is decoded,
+// which copies what it keeps).
+func decodeBatch(msg []byte) ([][]byte, error) {
+	d := decoder{b: msg[2:]}
+	count := d.uvarint()
+	if count > maxBatch {
+		return nil, fmt.Errorf("%w: a batch of %d", errBadMessage, count)
+	}
+	msgs := make([][]byte, 0, count)
+	for range count {
+		msgs = append(msgs, d.raw())
+	}
+	return msgs, d.end()
+}
+
+// encodeBatchReply encodes replies in order: each an error's text or a
+// reply. Past maxReplyBytes, replies drop their small files' bytes.
+func encodeBatchReply(replies []batchReply) []byte {
+	b := []byte{codecVersion}
+	b = binary.AppendUvarint(b, uint64(len(replies)))
+	for _, r := range replies {
+		if r.err != nil {
+			b = append(b, 1)
+			b = appendString(b, r.err.Error())
+			continue
+		}
+		rb := r.b
+		if len(b)+len(rb) > maxReplyBytes {
+			if rep, err := decodeReply(rb); err == nil && rep.Inline != nil {
+				rep.Inline = nil
+				rb = encodeReply(rep)
+			}
+		}
+		b = append(b, 0)
+		b = appendBytes(b, rb)
+	}
+	return b
+}
+
+// decodeBatchReply decodes the replies to a batch of count notices.
+func decodeBatchReply(msg []byte, count int) ([]batchReply, error) {
+	d := decoder{b: msg}
+	if d.byte() != codecVersion || d.uvarint() != uint64(count) {
+		d.fail("not the replies to the batch sent")
+	}
+	replies := make([]batchReply, count)
+	for i := range replies {
+		if d.byte() == 1 {
+			replies[i].err = &remoteError{d.string()}
+		} else {
+			replies[i].b = d.bytes()
+		}
+	}
+	if err := d.end(); err != nil {
+		return nil, err
+	}
+	return replies, nil
+}
+
+// remoteError is the error a node answered to one notice of a batch.
+type remoteError struct{ text string }
+
+func (e *remoteError) Error() string { return "refused by the peer: " + e.text }
