@@ -240,10 +240,12 @@ func (l *Locator) State(ctx context.Context, path string) (State, error) {
 	return st, err
 }
 
-// count counts an answer at level lv.
+// count counts an answer at level lv: a record found there is a hit, a
+// path found missing a miss.
 func (l *Locator) count(lv Level, found bool) {
-	l.hits[lv].Add(1)
-	if !found {
+	if found {
+		l.hits[lv].Add(1)
+	} else {
 		l.misses.Add(1)
 	}
 }

@@ -288,22 +288,35 @@ func Tgid(tid uint32) (uint32, error) {
 // tgids remembers the processes of threads seen lately: the kernel formats
 // the whole of /proc/<tid>/status for one line of it, at every create and
 // close, and that cost more than the rest of their work here.
-var tgids = tgidCache{m: make(map[uint32]uint32)}
+var tgids = tgidCache{m: make(map[uint32]tgidEntry)}
 
 // maxTgids bounds the threads remembered; past it they are forgotten all
-// at once (they are read again).
-const maxTgids = 4096
+// at once (they are read again). tgidLifetime bounds how long one is
+// trusted: the check in inGroup holds unless both ids were reused, as
+// threads of one process, meanwhile.
+const (
+	maxTgids     = 4096
+	tgidLifetime = 2 * time.Second
+)
 
 type tgidCache struct {
 	mu sync.Mutex
-	m  map[uint32]uint32
+	m  map[uint32]tgidEntry
+}
+
+type tgidEntry struct {
+	tgid uint32
+	seen time.Time
 }
 
 func (c *tgidCache) get(tid uint32) (uint32, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	tgid, ok := c.m[tid]
-	return tgid, ok
+	e, ok := c.m[tid]
+	if !ok || time.Since(e.seen) > tgidLifetime {
+		return 0, false
+	}
+	return e.tgid, true
 }
 
 func (c *tgidCache) put(tid, tgid uint32) {
@@ -312,13 +325,14 @@ func (c *tgidCache) put(tid, tgid uint32) {
 	if len(c.m) >= maxTgids {
 		clear(c.m)
 	}
-	c.m[tid] = tgid
+	c.m[tid] = tgidEntry{tgid: tgid, seen: time.Now()}
 }
 
-// inGroup reports whether thread tid belongs to process tgid now. A thread
-// id is reused only once its thread ended, and then for a thread of
+// inGroup reports whether thread tid belongs to the group of tgid now. A
+// thread id is reused only once its thread ended, and then for a thread of
 // another process (whose group /proc does not list it under tgid) or for
-// a new process of that id (whose group is itself).
+// a new process of that id (whose group is itself); only if tgid was
+// reused too, in the same group, is the answer wrong (see tgidLifetime).
 func inGroup(tgid, tid uint32) bool {
 	var st unix.Stat_t
 	return unix.Stat("/proc/"+strconv.FormatUint(uint64(tgid), 10)+"/task/"+strconv.FormatUint(uint64(tid), 10), &st) == nil

@@ -36,7 +36,7 @@ func (n *Protocol) Publish(ctx context.Context, rec hfl.Record, inline *hfl.Inli
 	switch o.Tell {
 	case hfl.TellAside:
 		n.tellHome(out, publish, told)
-	case hfl.TellOnce:
+	default:
 		if told != nil {
 			select {
 			case <-told: // after the record sent ahead, whose bytes the home keeps
@@ -44,11 +44,11 @@ func (n *Protocol) Publish(ctx context.Context, rec hfl.Record, inline *hfl.Inli
 			}
 		}
 		msg := notice{Kind: kindPublished, Rec: &out, Publish: publish, Sync: true}
-		if !n.deliver(ctx, msg, out.Path, out, true, 1) {
+		if o.Tell == hfl.TellSure {
+			n.tellHomeSync(ctx, msg, out.Path, out, true)
+		} else if !n.deliver(ctx, msg, out.Path, out, true, 1) {
 			n.tellHome(out, publish, nil)
 		}
-	case hfl.TellSure:
-		n.tellHomeSync(ctx, notice{Kind: kindPublished, Rec: &out, Publish: publish, Sync: true}, out.Path, out, true)
 	}
 	return out, nil
 }

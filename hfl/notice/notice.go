@@ -165,8 +165,8 @@ type Protocol struct {
 	ctx   context.Context // ends when the daemon stops
 	t     timing
 
-	// started is set, with self, once the node takes part (Start): only
-	// then does it answer other nodes.
+	// started is set once the node takes part (Start, self set) and has
+	// read the members: only then does it answer other nodes.
 	started atomic.Bool
 	self    hfl.Member
 
@@ -223,7 +223,6 @@ func New(ctx context.Context, env hfl.NoticeEnv, peers Peers, log *slog.Logger) 
 // returned, and reading goes on: the notices begin once the store answers.
 func (n *Protocol) Start(ctx context.Context, self hfl.Member) error {
 	n.self = self
-	n.started.Store(true)
 	err := n.refresh(ctx)
 	go n.keepMembers(ctx)
 	go n.home.sweep(ctx)
@@ -310,6 +309,10 @@ func (n *Protocol) refresh(ctx context.Context) error {
 	n.mu.Lock()
 	n.setMembersLocked(ms)
 	n.mu.Unlock()
+	// Only a node that knows the homes answers others: it would not tell
+	// the homes of its own changes, and the promises it made would not
+	// hold.
+	n.started.Store(true)
 	return nil
 }
 

@@ -48,12 +48,17 @@ type memNet struct {
 	mu   sync.Mutex
 	locs map[string]*node // by address
 	down map[string]bool  // by node
+	// delay is how long a message takes, as over a network.
+	delay time.Duration
 }
 
 func (p *memPeers) Message(ctx context.Context, addr, node string, msg []byte) ([]byte, error) {
 	p.net.mu.Lock()
-	l, down := p.net.locs[addr], p.net.down[node] || p.net.down[p.from]
+	l, down, delay := p.net.locs[addr], p.net.down[node] || p.net.down[p.from], p.net.delay
 	p.net.mu.Unlock()
+	if delay > 0 {
+		time.Sleep(delay)
+	}
 	if l == nil || down {
 		return nil, errors.New("unreachable")
 	}

@@ -3,6 +3,7 @@ package notice
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -17,16 +18,21 @@ import (
 // in its own goroutine, as it handles separate messages, and answers with
 // all the replies. A notice that may wait for other nodes before its reply
 // (a publish or removal told before it returns) is not batched: the others
-// would wait with it.
+// would wait with it; nor is a home's break to a holder, which the home
+// gives a deadline (see holderSilence) that a batch ahead of it must not
+// use up.
 
 // Bounds of a batch: a message and its reply must stay within
 // dtl.MaxMessage (60 KiB), and a small file's bytes take up to 16 KiB.
 const (
 	maxBatch      = 64
 	maxBatchBytes = 40 << 10
-	// maxReplyBytes bounds a batch's replies; past it, an answer's small
-	// file bytes are left out (a transfer brings them).
-	maxReplyBytes = 40 << 10
+	// bytesInReplies bounds a batch's replies with their small files'
+	// bytes; past it, an answer leaves them out (a transfer brings them).
+	bytesInReplies = 40 << 10
+	// maxReplyBytes bounds a batch's replies, well within dtl.MaxMessage:
+	// an answer past it is an error (its asker reads the store).
+	maxReplyBytes = 56 << 10
 )
 
 // batchable reports whether msg may go in a batch.
@@ -34,7 +40,7 @@ func batchable(msg notice) bool {
 	switch msg.Kind {
 	case kindPublished, kindUnpublished:
 		return !msg.Sync
-	case kindAsk, kindList, kindBreak:
+	case kindAsk, kindList:
 		return true
 	}
 	return false
@@ -52,6 +58,7 @@ type outbox struct {
 
 // parcel is one queued notice and, once done is closed, its reply.
 type parcel struct {
+	ctx   context.Context // its sender's: once it ends, it is not sent
 	b     []byte
 	reply []byte
 	err   error
@@ -86,7 +93,7 @@ func (o *outbox) send(ctx context.Context, b []byte) ([]byte, error) {
 		o.next()
 		return reply, err
 	}
-	p := &parcel{b: b, done: make(chan struct{})}
+	p := &parcel{ctx: ctx, b: b, done: make(chan struct{})}
 	o.queue = append(o.queue, p)
 	o.mu.Unlock()
 	select {
@@ -107,7 +114,10 @@ func (o *outbox) send(ctx context.Context, b []byte) ([]byte, error) {
 
 // next sends what queued while a message was on its way, in batches, from
 // a goroutine of its own (the sender of the last message does not wait for
-// the others'); with nothing queued, the outbox is idle.
+// the others'); with nothing queued, the outbox is idle. Parcels whose
+// senders gave up are dropped; when the node does not answer in time,
+// every parcel queued hears so at once, not one batch's timeout after
+// another.
 func (o *outbox) next() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -117,28 +127,58 @@ func (o *outbox) next() {
 	}
 	go func() {
 		for {
-			o.mu.Lock()
-			if len(o.queue) == 0 {
-				o.busy = false
-				o.mu.Unlock()
+			batch := o.take()
+			if batch == nil {
 				return
 			}
-			var batch []*parcel
-			size := 0
-			for len(o.queue) > 0 && len(batch) < maxBatch && (len(batch) == 0 || size+len(o.queue[0].b) <= maxBatchBytes) {
-				size += len(o.queue[0].b)
-				batch = append(batch, o.queue[0])
-				o.queue = o.queue[1:]
+			// A node that did not answer in time is taken for
+			// unreachable; one that refused a notice is not.
+			if err := o.deliver(batch); errors.Is(err, context.DeadlineExceeded) {
+				o.mu.Lock()
+				rest := o.queue
+				o.queue = nil
+				o.mu.Unlock()
+				for _, p := range rest {
+					p.err = err
+					close(p.done)
+				}
 			}
-			o.mu.Unlock()
-			o.deliver(batch)
 		}
 	}()
 }
 
+// take takes the next batch off the queue, or, with none left, makes the
+// outbox idle and returns nil.
+func (o *outbox) take() []*parcel {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var batch []*parcel
+	size := 0
+	for len(o.queue) > 0 && len(batch) < maxBatch {
+		p := o.queue[0]
+		if p.ctx.Err() != nil {
+			o.queue = o.queue[1:]
+			p.err = p.ctx.Err()
+			close(p.done)
+			continue
+		}
+		if len(batch) > 0 && size+len(p.b) > maxBatchBytes {
+			break
+		}
+		size += len(p.b)
+		batch = append(batch, p)
+		o.queue = o.queue[1:]
+	}
+	if len(batch) == 0 {
+		o.busy = false
+		return nil
+	}
+	return batch
+}
+
 // deliver sends batch (one notice: as it is) and hands each parcel its
-// reply.
-func (o *outbox) deliver(batch []*parcel) {
+// reply. It returns the error of a message that did not reach the node.
+func (o *outbox) deliver(batch []*parcel) error {
 	defer func() {
 		for _, p := range batch {
 			close(p.done)
@@ -146,7 +186,7 @@ func (o *outbox) deliver(batch []*parcel) {
 	}()
 	if len(batch) == 1 {
 		batch[0].reply, batch[0].err = o.n.sendNow(o.n.ctx, o.m, batch[0].b)
-		return
+		return batch[0].err
 	}
 	msgs := make([][]byte, len(batch))
 	for i, p := range batch {
@@ -154,10 +194,13 @@ func (o *outbox) deliver(batch []*parcel) {
 	}
 	o.n.batched.Add(uint64(len(batch)))
 	rb, err := o.n.sendNow(o.n.ctx, o.m, encodeBatch(msgs))
-	var replies []batchReply
-	if err == nil {
-		replies, err = decodeBatchReply(rb, len(batch))
+	if err != nil {
+		for _, p := range batch {
+			p.err = err
+		}
+		return err
 	}
+	replies, err := decodeBatchReply(rb, len(batch))
 	for i, p := range batch {
 		if err != nil {
 			p.err = err
@@ -165,6 +208,7 @@ func (o *outbox) deliver(batch []*parcel) {
 			p.reply, p.err = replies[i].b, replies[i].err
 		}
 	}
+	return nil
 }
 
 // handleBatch answers a batch from node from: its notices at once, each
@@ -235,28 +279,41 @@ func decodeBatch(msg []byte) ([][]byte, error) {
 }
 
 // encodeBatchReply encodes replies in order: each an error's text or a
-// reply. Past maxReplyBytes, replies drop their small files' bytes.
+// reply. Past bytesInReplies, replies leave their small files' bytes out;
+// past maxReplyBytes, a reply is an error.
 func encodeBatchReply(replies []batchReply) []byte {
 	b := []byte{codecVersion}
 	b = binary.AppendUvarint(b, uint64(len(replies)))
 	for _, r := range replies {
-		if r.err != nil {
-			b = append(b, 1)
-			b = appendString(b, r.err.Error())
-			continue
-		}
-		rb := r.b
-		if len(b)+len(rb) > maxReplyBytes {
-			if rep, err := decodeReply(rb); err == nil && rep.Inline != nil {
+		rb, err := r.b, r.err
+		if err == nil && len(b)+len(rb) > bytesInReplies {
+			if rep, derr := decodeReply(rb); derr == nil && rep.Inline != nil {
 				rep.Inline = nil
 				rb = encodeReply(rep)
 			}
+		}
+		// Room is kept for the error that may stand for each reply still
+		// to come.
+		if err == nil && len(b)+len(rb)+binary.MaxVarintLen32 > maxReplyBytes-len(replies)*maxErrorBytes {
+			err = errors.New("no room left in the batch's reply; ask again")
+		}
+		if err != nil {
+			text := err.Error()
+			if len(text) > maxErrorBytes-binary.MaxVarintLen32-1 {
+				text = text[:maxErrorBytes-binary.MaxVarintLen32-1]
+			}
+			b = append(b, 1)
+			b = appendString(b, text)
+			continue
 		}
 		b = append(b, 0)
 		b = appendBytes(b, rb)
 	}
 	return b
 }
+
+// maxErrorBytes bounds an error's place in a batch's reply.
+const maxErrorBytes = 96
 
 // decodeBatchReply decodes the replies to a batch of count notices.
 func decodeBatchReply(msg []byte, count int) ([]batchReply, error) {
