@@ -295,10 +295,12 @@ func (t *Transport) guard(fn func(from string, body []byte, r fluxc.Request)) fu
 			return
 		}
 		// Counted under the lock that Close takes: a request that
-		// arrives while Close waits for the others is refused, not
-		// added to the count Close is waiting on.
+		// arrives while Close waits for the others is answered as by a
+		// daemon that is gone (the transfer fails and is tried again),
+		// not added to the count Close is waiting on; not as busy,
+		// which would tell the consumer the file is being written.
 		if err := t.enter(); err != nil {
-			refuse(r, codeBusy, "the transport is closing")
+			r.RespondError(syscall.ENOSYS, "the transport is closing")
 			return
 		}
 		defer t.wg.Done()
