@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -28,6 +29,8 @@ type config struct {
 	dir      string
 	seqBytes int64
 	files    int
+	many     int
+	writers  int
 	wakes    int
 	reps     int
 	extra    []string
@@ -40,6 +43,8 @@ func main() {
 	flag.StringVar(&c.dir, "dir", "/var/tmp", "directory on the disk to measure; scratch space goes below it")
 	flag.Int64Var(&c.seqBytes, "seq-bytes", 1<<30, "size of the sequential file")
 	flag.IntVar(&c.files, "files", 10000, "number of small files")
+	flag.IntVar(&c.many, "many-files", 100000, "number of 1 KiB files the many writers create (0: none)")
+	flag.IntVar(&c.writers, "writers", 16, "number of writers creating the many files")
 	flag.IntVar(&c.wakes, "wakes", 1000, "number of publish-to-wake samples")
 	flag.IntVar(&c.reps, "reps", 3, "repetitions of each throughput figure (alternating dyadfs and native; the median is reported)")
 	flag.StringVar(&extra, "mount-flags", "", "extra flags for dyadfs mount, space-separated")
@@ -201,6 +206,28 @@ func run(c config) error {
 		})
 	}
 
+	// Many writers at once, and what the daemon keeps per file.
+	var memory string
+	if c.many > 0 {
+		pid := st.PID
+		rssBefore, _ := rssBytes(pid)
+		r := row{name: fmt.Sprintf("create+write+close %d x 1 KiB, %d writers", c.many, c.writers), unit: "files/s"}
+		r.dyadfs, err = manyWriters(filepath.Join(mnt, "many"), c.writers, c.many)
+		if err == nil {
+			r.native, err = manyWriters(filepath.Join(native, "many"), c.writers, c.many)
+		}
+		if err := add(r, err); err != nil {
+			return err
+		}
+		rssAfter, err := rssBytes(pid)
+		if err != nil {
+			return err
+		}
+		grown := float64(rssAfter - rssBefore)
+		memory = fmt.Sprintf("daemon RSS over those %d creates: %.0f MB to %.0f MB, %.0f bytes per file (target: at most 1,000)",
+			c.many, float64(rssBefore)/1e6, float64(rssAfter)/1e6, grown/float64(c.many))
+	}
+
 	// Count the requests of one more set of creates.
 	before, _ := readStatus(mnt)
 	if err := createFiles(filepath.Join(mnt, "counted"), 1000); err != nil {
@@ -210,6 +237,9 @@ func run(c config) error {
 	after, _ := readStatus(mnt)
 
 	printTable(os.Stdout, rows, st.Passthrough)
+	if memory != "" {
+		fmt.Println(memory)
+	}
 	fmt.Printf("\nFUSE requests per small-file create: %s\n", perFile(before, after, 1000))
 	return nil
 }
@@ -310,6 +340,63 @@ func createFiles(dir string, n int) error {
 		}
 	}
 	return nil
+}
+
+// manyWriters creates n files of 1 KiB below dir, spread over 1,000
+// directories, from writers goroutines at once (each create a system
+// call of its own thread), and returns the files created per second.
+func manyWriters(dir string, writers, n int) (float64, error) {
+	const dirs = 1000
+	for i := range dirs {
+		if err := os.MkdirAll(filepath.Join(dir, strconv.Itoa(i)), 0o755); err != nil {
+			return 0, err
+		}
+	}
+	data := bytes.Repeat([]byte("y"), 1024)
+	return rate(float64(n), func() error {
+		errs := make(chan error, writers)
+		for w := range writers {
+			go func() {
+				for i := w; i < n; i += writers {
+					p := filepath.Join(dir, strconv.Itoa(i%dirs), "f"+strconv.Itoa(i))
+					fd, err := syscall.Open(p, syscall.O_CREAT|syscall.O_WRONLY|syscall.O_TRUNC|syscall.O_CLOEXEC, 0o644)
+					if err == nil {
+						_, err = syscall.Write(fd, data)
+						if cerr := syscall.Close(fd); err == nil {
+							err = cerr
+						}
+					}
+					if err != nil {
+						errs <- fmt.Errorf("%s: %w", p, err)
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		var first error
+		for range writers {
+			if err := <-errs; err != nil && first == nil {
+				first = err
+			}
+		}
+		return first
+	})
+}
+
+// rssBytes returns the resident memory of process pid.
+func rssBytes(pid int) (int64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
 }
 
 // pythonCreates runs the create loop in python3 and returns its files/s.
@@ -469,6 +556,7 @@ func percentile(xs []float64, p float64) float64 {
 }
 
 type status struct {
+	PID         int    `json:"pid"`
 	Passthrough string `json:"passthrough"`
 	DMD         struct {
 		Waiting int `json:"waiting_paths"`
