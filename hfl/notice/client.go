@@ -222,12 +222,6 @@ func (n *Protocol) LocateWaiting(ctx context.Context, w *hfl.Watch, ahead bool) 
 	}
 }
 
-// Await blocks, under w, until the job has a record of w's path newer
-// than generation after (see hfl.Locator.Await).
-func (n *Protocol) Await(ctx context.Context, w *hfl.Watch, after uint64, ahead bool) (hfl.Record, error) {
-	return n.await(ctx, w, after, ahead)
-}
-
 // HomeOf returns the node that is the home of path in this node's view of
 // the members.
 func (n *Protocol) HomeOf(path string) string {
@@ -526,12 +520,12 @@ func (n *Protocol) awaitGone(ctx context.Context, m hfl.Member) bool {
 	}
 }
 
-// await waits for a record of w's path newer than after: told by a
+// Await waits for a record of w's path newer than after: told by a
 // notice, or, once the grace has passed (at once if the home cannot
 // register this node), found by a wait on the global store, made in this
 // goroutine and ended by the next notice. A long wait asks its home again
 // now and then, so that the home keeps this node registered.
-func (n *Protocol) await(ctx context.Context, w *hfl.Watch, after uint64, ahead bool) (hfl.Record, error) {
+func (n *Protocol) Await(ctx context.Context, w *hfl.Watch, after uint64, ahead bool) (hfl.Record, error) {
 	path := w.Path()
 	newer := func(rec hfl.Record) bool {
 		return (rec.Provisional && ahead) || (!rec.Provisional && !rec.Writing && rec.Generation > after)

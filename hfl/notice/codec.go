@@ -58,6 +58,13 @@ const (
 	recProvisional
 )
 
+// setIf adds bit to the field set f when on.
+func setIf(f *uint64, bit uint64, on bool) {
+	if on {
+		*f |= bit
+	}
+}
+
 // errBadMessage is wrapped by every decoding failure.
 var errBadMessage = errors.New("malformed message")
 
@@ -65,24 +72,19 @@ var errBadMessage = errors.New("malformed message")
 // carries them).
 func encodeNotice(msg notice) []byte {
 	var f uint64
-	set := func(bit uint64, on bool) {
-		if on {
-			f |= bit
-		}
-	}
-	set(nPath, msg.Path != "")
-	set(nAfter, msg.After != 0)
-	set(nGen, msg.Gen != 0)
-	set(nPublish, msg.Publish != 0)
-	set(nRec, msg.Rec != nil)
-	set(nMember, msg.Member != nil)
-	set(nInline, msg.Inline != nil)
-	set(nAhead, msg.Ahead)
-	set(nSync, msg.Sync)
-	set(nListing, msg.Listing)
-	set(nListingEnded, msg.ListingEnded)
-	set(nHeld, msg.Held)
-	set(nForwarded, msg.Forwarded)
+	setIf(&f, nPath, msg.Path != "")
+	setIf(&f, nAfter, msg.After != 0)
+	setIf(&f, nGen, msg.Gen != 0)
+	setIf(&f, nPublish, msg.Publish != 0)
+	setIf(&f, nRec, msg.Rec != nil)
+	setIf(&f, nMember, msg.Member != nil)
+	setIf(&f, nInline, msg.Inline != nil)
+	setIf(&f, nAhead, msg.Ahead)
+	setIf(&f, nSync, msg.Sync)
+	setIf(&f, nListing, msg.Listing)
+	setIf(&f, nListingEnded, msg.ListingEnded)
+	setIf(&f, nHeld, msg.Held)
+	setIf(&f, nForwarded, msg.Forwarded)
 	b := make([]byte, 0, 96+len(msg.Path)+inlineLen(msg.Inline))
 	b = append(b, codecVersion, byte(msg.Kind))
 	b = binary.AppendUvarint(b, f)
@@ -152,17 +154,12 @@ func decodeNotice(b []byte) (notice, error) {
 // encodeReply encodes r.
 func encodeReply(r reply) []byte {
 	var f uint64
-	set := func(bit uint64, on bool) {
-		if on {
-			f |= bit
-		}
-	}
-	set(rRec, r.Rec != nil)
-	set(rInline, r.Inline != nil)
-	set(rKnown, r.Known)
-	set(rGen, r.Gen != 0)
-	set(rHome, !r.Home.IsZero())
-	set(rNoPromise, r.NoPromise)
+	setIf(&f, rRec, r.Rec != nil)
+	setIf(&f, rInline, r.Inline != nil)
+	setIf(&f, rKnown, r.Known)
+	setIf(&f, rGen, r.Gen != 0)
+	setIf(&f, rHome, !r.Home.IsZero())
+	setIf(&f, rNoPromise, r.NoPromise)
 	b := make([]byte, 0, 96+inlineLen(r.Inline))
 	b = append(b, codecVersion)
 	b = binary.AppendUvarint(b, f)

@@ -189,7 +189,7 @@ type Protocol struct {
 
 	// outboxes queue the notices to each node (see outbox).
 	outMu    sync.Mutex
-	outboxes map[string]*outbox
+	outboxes map[outboxKey]*outbox
 
 	sent, received, failed, breaks, broken, woken, storeWaits, homeWaits, silent, revoked, batched atomic.Uint64
 }
@@ -208,7 +208,7 @@ func New(ctx context.Context, env hfl.NoticeEnv, peers Peers, log *slog.Logger) 
 		log = slog.New(slog.DiscardHandler)
 	}
 	n := &Protocol{env: env, peers: peers, log: log, ctx: ctx, t: currentTiming(),
-		since: make(map[string]time.Time), refreshNow: make(chan struct{}, 1), outboxes: make(map[string]*outbox)}
+		since: make(map[string]time.Time), refreshNow: make(chan struct{}, 1), outboxes: make(map[outboxKey]*outbox)}
 	n.home = newHomeSide(n)
 	n.holder = newHolderSide(n)
 	// Publish numbers start from the clock, so that they are not reused

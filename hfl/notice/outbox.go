@@ -46,6 +46,12 @@ func batchable(msg notice) bool {
 	return false
 }
 
+// outboxKey names a node's incarnation (built at every send: no formatting).
+type outboxKey struct {
+	node, addr string
+	started    int64
+}
+
 // outbox queues the notices for one node.
 type outbox struct {
 	n *Protocol
@@ -68,7 +74,7 @@ type parcel struct {
 // outboxOf returns the outbox of m (of its incarnation: a restarted node
 // gets a new one).
 func (n *Protocol) outboxOf(m hfl.Member) *outbox {
-	key := m.Node + "\x00" + m.Addr + "\x00" + m.Started.String()
+	key := outboxKey{node: m.Node, addr: m.Addr, started: m.Started.UnixNano()}
 	n.outMu.Lock()
 	defer n.outMu.Unlock()
 	o := n.outboxes[key]
