@@ -26,7 +26,16 @@ if [[ -n $DYADFS_TAGS ]]; then
 	go test -count=1 ./flux/... ./dtl/ucx/... ./cmd/...
 fi
 echo "== go test -race${DYADFS_TAGS:+ -tags $DYADFS_TAGS}"
-go test -race -tags "$DYADFS_TAGS" -count=1 -timeout 60m ./...
+# A failure's own lines can be far above the end of a long run (a failing
+# cluster test prints its daemons' logs): they are repeated last.
+testlog=$(mktemp)
+trap 'rm -f "$testlog"' EXIT
+if ! go test -race -tags "$DYADFS_TAGS" -count=1 -timeout 60m ./... 2>&1 | tee "$testlog"; then
+	echo "== what failed (repeated from above)" >&2
+	grep -E '^\s*--- FAIL|^(FAIL|panic:|fatal error:)|^\s+[A-Za-z0-9_]+\.go:[0-9]+: ' "$testlog" |
+		grep -v -E ' (log|logs|output):$' | cut -c1-400 | tail -n 80 >&2
+	exit 1
+fi
 if [[ ,$DYADFS_TAGS, == *,ucx,* ]]; then
 	# The UCX transport once more with cgo's full pointer checks (every
 	# store of a Go pointer into C memory is checked, not only the
