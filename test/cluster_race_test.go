@@ -318,8 +318,10 @@ while time.time() < end:
         writes += 1
     else:
         try:
+            t0 = time.time()
             with open(name, "rb") as f:
                 data = f.read()
+                st = os.fstat(f.fileno())
         except OSError as e:
             k = errno.errorcode.get(e.errno, str(e.errno))
             errs[k] = errs.get(k, 0) + 1
@@ -330,7 +332,8 @@ while time.time() < end:
             partial += 1
             if len(bad) < 3:
                 toks = sorted(set(data.split(b"|")))
-                bad.append("%d bytes, %d tokens: %r" % (len(data), len(toks), [t[:30] for t in toks[:4]]))
+                bad.append("%d bytes, %d tokens: %r, opened at %s, size then %d, inode %d" % (len(data), len(toks), [t[:30] for t in toks[:4]],
+                    time.strftime("%H:%M:%S", time.gmtime(t0)) + ("%.3f" % (t0 % 1))[1:], st.st_size, st.st_ino))
     time.sleep(random.random() * 0.01)
 print(json.dumps({"errors": errs, "partial": partial, "reads": reads, "writes": writes, "bad": bad}))
 `

@@ -3,8 +3,10 @@ package dmd
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -64,8 +66,9 @@ func (c *sumCache) put(st *syscall.Stat_t, sum digest.Sum) {
 // while it is hashed is hashed again as it is then (st is updated), up to
 // a few times; one that still changes fails (errChanged), and one that
 // went fails with errGone (unlinked, or, when it is opened by its path,
-// renamed away: the rename publishes its new name); the caller does not
-// publish it now. A file
+// renamed away: the rename publishes its new name), and one that a writer
+// opened again with errRewritten (its release publishes it); the caller
+// does not publish it now. A file
 // that cannot be read (an I/O error, permissions) is published without a
 // checksum, as before: its readers then fail on reading it, not waiting.
 func (d *DMD) fileRecord(rel string, fd int, st *syscall.Stat_t, inline *hfl.Inline, written bool) (hfl.Record, error) {
@@ -87,15 +90,23 @@ func (d *DMD) fileRecord(rel string, fd int, st *syscall.Stat_t, inline *hfl.Inl
 		if err != nil {
 			return hfl.Record{}, err
 		}
+		if !d.completeAs(rel, &now) {
+			// A writer opened it again (a truncating open, say): what
+			// is there now is half written, and that writer's release
+			// publishes what it writes.
+			return hfl.Record{}, fmt.Errorf("%s: %w", rel, errRewritten)
+		}
 		*st = now
 	}
 }
 
 // errGone: the file is no longer at the path being published; errChanged:
-// it changed while it was hashed.
+// it changed while it was hashed; errRewritten: it changed because a
+// writer opened it again.
 var (
-	errGone    = errors.New("the file went from its path")
-	errChanged = errors.New("changed while it was hashed")
+	errGone      = errors.New("the file went from its path")
+	errChanged   = errors.New("changed while it was hashed")
+	errRewritten = errors.New("opened for writing again while it was hashed")
 )
 
 func (d *DMD) fileRecordOnce(rel string, fd int, st *syscall.Stat_t, inline *hfl.Inline, written bool) (hfl.Record, error) {
@@ -143,6 +154,7 @@ func (d *DMD) checksum(rel string, fd int, st *syscall.Stat_t, inline *hfl.Inlin
 			return sum, err
 		}
 		defer f.Close()
+		opens := d.writeOpens.of(rel, IDOf(st))
 		if sum, err = digest.File(f, st.Size); err != nil {
 			return sum, err
 		}
@@ -150,7 +162,11 @@ func (d *DMD) checksum(rel string, fd int, st *syscall.Stat_t, inline *hfl.Inlin
 		if err := syscall.Fstat(int(f.Fd()), &after); err != nil {
 			return sum, err
 		}
-		if IDOf(&after) != IDOf(st) || after.Size != st.Size || after.Mtim != st.Mtim {
+		// Size and mtime miss a rewrite within one tick of the clock
+		// that mtimes take: a writer's open since the hash began says
+		// it may have been.
+		if IDOf(&after) != IDOf(st) || after.Size != st.Size || after.Mtim != st.Mtim ||
+			d.writeOpens.of(rel, IDOf(st)) != opens || !d.completeAs(rel, &after) {
 			return digest.Sum{}, fmt.Errorf("%s: %w", rel, errChanged)
 		}
 	}
@@ -158,4 +174,32 @@ func (d *DMD) checksum(rel string, fd int, st *syscall.Stat_t, inline *hfl.Inlin
 	d.stats.checksumBytes.Add(uint64(st.Size))
 	d.stats.checksumNanos.Add(uint64(time.Since(start)))
 	return sum, nil
+}
+
+// writeOpens counts the opens of writers in a few stripes, by file and by
+// name, so that a hash can tell whether a writer came in while it read.
+// Stripes are shared: another file's writer at the wrong moment costs a
+// second hash, never a wrong one.
+type writeOpens struct {
+	seedOnce sync.Once
+	seed     maphash.Seed
+	stripes  [64]atomic.Uint64
+}
+
+func (w *writeOpens) byName(rel string) *atomic.Uint64 {
+	w.seedOnce.Do(func() { w.seed = maphash.MakeSeed() })
+	return &w.stripes[maphash.String(w.seed, rel)%uint64(len(w.stripes))]
+}
+
+func (w *writeOpens) byFile(id FileID) *atomic.Uint64 {
+	return &w.stripes[(id.Ino*0x9e3779b97f4a7c15^id.Dev)%uint64(len(w.stripes))]
+}
+
+// name counts a create at rel; file a writer's open of file id.
+func (w *writeOpens) name(rel string) { w.byName(rel).Add(1) }
+func (w *writeOpens) file(id FileID)  { w.byFile(id).Add(1) }
+
+// of sums the counts of rel's stripe and id's: either's change changes it.
+func (w *writeOpens) of(rel string, id FileID) uint64 {
+	return w.byName(rel).Load() + w.byFile(id).Load()
 }

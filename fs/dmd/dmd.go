@@ -136,6 +136,9 @@ type DMD struct {
 	// creating counts creates in progress per path, from before the file
 	// exists until its writer is registered.
 	creating map[string]int
+	// writeOpens counts writers' opens, by file and by name (see
+	// checksum).
+	writeOpens writeOpens
 	// publishing holds the records being published: sent ahead to waiting
 	// consumers (see hfl's notices) while the store commits them, so they
 	// are served already.

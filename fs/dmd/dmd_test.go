@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -373,4 +374,26 @@ func TestRemovedUnpublishes(t *testing.T) {
 func TestFsyncOnPublish(t *testing.T) {
 	fx := newFixture(t, func(c *Config) { c.FsyncOnPublish = true })
 	fx.written("durable", "x")
+}
+
+// TestNotPublishedHalfRewritten: a publish whose hash finds the file
+// changed because a writer opened it again (O_TRUNC) does not publish the
+// half-written file; that writer's release publishes what it wrote.
+func TestNotPublishedHalfRewritten(t *testing.T) {
+	fx := newFixture(t, nil)
+	first := fx.written("v", strings.Repeat("a", 1<<20))
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(fx.dir, "v"), &st); err != nil {
+		t.Fatal(err)
+	}
+	w, f := fx.openWrite("v", os.O_WRONLY|os.O_TRUNC) // truncated: 0 bytes now
+	if rec, err := fx.d.fileRecord("v", -1, &st, nil, true); !errors.Is(err, errRewritten) {
+		t.Fatalf("hashing the file while it is written again: %+v, %v; want errRewritten", rec, err)
+	}
+	f.WriteString(strings.Repeat("b", 1<<20))
+	fx.end(w, f, "v")
+	rec, err := fx.record("v")
+	if err != nil || rec.Size != 1<<20 || rec.Generation <= first.Generation || rec.Sum == first.Sum {
+		t.Fatalf("after the rewrite: %+v, %v; want the new 1 MiB version", rec, err)
+	}
 }

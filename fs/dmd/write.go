@@ -71,6 +71,7 @@ type Writer struct {
 // that a reader already waiting for rel does not take the new, empty file for
 // a complete one. EndCreate must follow.
 func (d *DMD) BeginCreate(rel string) {
+	d.writeOpens.name(rel)
 	d.mu.Lock()
 	d.creating[rel]++
 	d.mu.Unlock()
@@ -105,6 +106,7 @@ func (d *DMD) BeginWrite(id FileID, tid uint32, rel string, created bool) *Write
 	}
 	ws.dirty = ws.dirty || created
 	d.mu.Unlock()
+	d.writeOpens.file(id)
 	d.stats.writeOpens.Add(1)
 	return &Writer{d: d, id: id, pid: pid, ws: ws}
 }
@@ -531,6 +533,10 @@ func (w *Writer) Changed(fd int) bool {
 func (d *DMD) notHashed(rel string, err error) {
 	if errors.Is(err, errGone) {
 		d.log.Debug("file went before it was published; the change that took it publishes it", "path", rel, "err", err)
+		return
+	}
+	if errors.Is(err, errRewritten) {
+		d.log.Debug("file is written again before it was published; its writer publishes it", "path", rel)
 		return
 	}
 	d.log.Info("file could not be hashed for its publish; hashed and published again shortly", "path", rel, "err", err)
