@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"syscall"
 	"time"
 
@@ -49,6 +50,9 @@ type Status struct {
 	Goroutines int `json:"goroutines"`
 	// Descriptors are the daemon's open descriptors and its limit.
 	Descriptors Descriptors `json:"descriptors"`
+	// Heap is the Go heap's: what was allocated since the start, what
+	// is live.
+	Heap Heap `json:"heap"`
 	Mountpoint  string      `json:"mountpoint"`
 	Backing     string      `json:"backing"`
 	Node        string      `json:"node"`
@@ -91,6 +95,7 @@ func (fsys *FS) Status() Status {
 		PID:          os.Getpid(),
 		Goroutines:   runtime.NumGoroutine(),
 		Descriptors:  fsys.fds.status(),
+		Heap:         heapNow(),
 		Mountpoint:   fsys.cfg.Mountpoint,
 		Backing:      cfg.Backing,
 		Node:         cfg.Node,
@@ -229,4 +234,31 @@ func (b *bytesHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 	}
 	end := min(off+int64(len(dest)), int64(len(b.data)))
 	return fuse.ReadResultData(b.data[off:end]), 0
+}
+
+// Heap is what the daemon's Go heap allocated since it started (objects
+// and bytes: the cost of its work) and holds now.
+type Heap struct {
+	Allocs     uint64 `json:"allocs"`
+	AllocBytes uint64 `json:"alloc_bytes"`
+	LiveBytes  uint64 `json:"live_bytes"`
+}
+
+// heapSamples are the runtime's counters Heap reads (runtime/metrics:
+// no stop of the world, unlike ReadMemStats).
+var heapSamples = []string{"/gc/heap/allocs:objects", "/gc/heap/allocs:bytes", "/memory/classes/heap/objects:bytes"}
+
+func heapNow() Heap {
+	s := make([]metrics.Sample, len(heapSamples))
+	for i, name := range heapSamples {
+		s[i].Name = name
+	}
+	metrics.Read(s)
+	v := func(i int) uint64 {
+		if s[i].Value.Kind() != metrics.KindUint64 {
+			return 0
+		}
+		return s[i].Value.Uint64()
+	}
+	return Heap{Allocs: v(0), AllocBytes: v(1), LiveBytes: v(2)}
 }

@@ -64,6 +64,10 @@ func BenchmarkClusterCost(b *testing.B) {
 		add(benchRow{name: "1 file (" + mode.name + "): consumer daemon CPU", unit: "us", value: us(d.cpu[1]), target: "≤ 300"})
 		add(benchRow{name: "1 file (" + mode.name + "): etcd transactions per 100 files", unit: "txn", value: 100 * per(d.txns)})
 		add(benchRow{name: "1 file (" + mode.name + "): etcd database growth", unit: "B", value: per(d.dbBytes), target: "≤ 300"})
+		add(benchRow{name: "1 file (" + mode.name + "): producer daemon heap allocations", unit: "allocs", value: per(d.allocs[0])})
+		add(benchRow{name: "1 file (" + mode.name + "): consumer daemon heap allocations", unit: "allocs", value: per(d.allocs[1])})
+		add(benchRow{name: "1 file (" + mode.name + "): producer daemon heap bytes allocated", unit: "B", value: per(d.allocBytes[0])})
+		add(benchRow{name: "1 file (" + mode.name + "): consumer daemon heap bytes allocated", unit: "B", value: per(d.allocBytes[1])})
 		add(benchRow{name: "1 file (" + mode.name + "): producer FUSE requests", unit: "req", value: per(d.requests[0])})
 		add(benchRow{name: "1 file (" + mode.name + "): consumer FUSE requests", unit: "req", value: per(d.requests[1])})
 		c.teardown()
@@ -89,6 +93,7 @@ func BenchmarkClusterCost(b *testing.B) {
 type cost struct {
 	etcdCPU, txns, dbBytes float64
 	cpu, requests          [2]float64
+	allocs, allocBytes     [2]float64
 }
 
 func (c cost) minus(o cost) cost {
@@ -96,6 +101,8 @@ func (c cost) minus(o cost) cost {
 	for i := range c.cpu {
 		d.cpu[i] = c.cpu[i] - o.cpu[i]
 		d.requests[i] = c.requests[i] - o.requests[i]
+		d.allocs[i] = c.allocs[i] - o.allocs[i]
+		d.allocBytes[i] = c.allocBytes[i] - o.allocBytes[i]
 	}
 	return d
 }
@@ -107,6 +114,7 @@ func (c *cluster) costNow(nodes ...*node) cost {
 	for i, n := range nodes[:2] {
 		st := n.status()
 		k.cpu[i] = cpuMs(n.pid)
+		k.allocs[i], k.allocBytes[i] = float64(st.Heap.Allocs), float64(st.Heap.AllocBytes)
 		for _, op := range st.Ops {
 			k.requests[i] += float64(op.Count)
 		}

@@ -75,6 +75,8 @@ func printStatus(out io.Writer, st *fs.Status) {
 	fd := st.Descriptors
 	row("descriptors", fmt.Sprintf("%d open of %d; file handles %d (at most %d; opens held back %d, now %d)",
 		fd.Open, fd.Limit, fd.Handles, fd.HandlesMax, fd.OpensHeld, fd.OpensWaiting))
+	row("heap", fmt.Sprintf("%.1f MiB live; %d allocations (%.1f MiB) since start",
+		float64(st.Heap.LiveBytes)/(1<<20), st.Heap.Allocs, float64(st.Heap.AllocBytes)/(1<<20)))
 	w.Flush()
 
 	fmt.Fprintln(out, "\nmanaged directory")
