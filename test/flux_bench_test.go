@@ -80,7 +80,7 @@ func BenchmarkFlux(b *testing.B) {
 	// benchmark's.
 	dyadRes := map[string]fbWorkloads{}
 	for _, mode := range []string{"FLUX_RPC", "UCX"} {
-		w := dyadOnFlux(b, in, dy, mode)
+		w := dyadOnFlux(b, in, dy, mode, false)
 		dyadRes[mode] = w
 		if w.err != nil {
 			fmt.Fprintf(os.Stderr, "  DYAD %s: %v\n", mode, w.err)
@@ -566,7 +566,7 @@ for i in range(n):
 // managed directory, and runs the three workloads with a producer on rank
 // 0 and a consumer on rank 1 under DYAD's wrapper. What fails is returned
 // in the result's err.
-func dyadOnFlux(b *testing.B, in *fluxtest.Instance, dy dyadInstall, mode string) (w fbWorkloads) {
+func dyadOnFlux(b *testing.B, in *fluxtest.Instance, dy dyadInstall, mode string, smallOnly bool) (w fbWorkloads) {
 	base, err := os.MkdirTemp("", "dyad-fbench-")
 	if err != nil {
 		b.Fatal(err)
@@ -629,8 +629,9 @@ func dyadOnFlux(b *testing.B, in *fluxtest.Instance, dy dyadInstall, mode string
 		}
 		return res, nil
 	}
-	if w.small, err = run("small", 1000, 4096, false, 5*time.Minute); err != nil {
-		return fbWorkloads{err: err}
+	if w.small, err = run("small", 1000, 4096, false, 5*time.Minute); err != nil || smallOnly {
+		w.err = err
+		return w
 	}
 	if w.lock, err = run("lockstep", 1000, 4096, true, 5*time.Minute); err != nil {
 		return fbWorkloads{err: err}

@@ -27,6 +27,17 @@
 // broker before it returns: a lookup after a publish sees it. Lookups,
 // listings and waits read the local broker's KVS directly.
 //
+// Why one serializer rather than commits from each rank: the KVS orders
+// commits, but a commit cannot read, so it could neither number a
+// version (two ranks publishing one path would both take the same
+// generation, and the loser's copies elsewhere would pass for current)
+// nor remove a record only if it is still the one seen. The serializer
+// costs no extra hop where it matters most: rank 0's daemon hands its
+// writes to it directly (no Flux request), a publish of a key it knows
+// the presence of reads nothing before its commit, and the writes of all
+// ranks that arrive during a commit share the next one, so that the cost
+// per file falls as writers are added.
+//
 // Catching up. A broker other than rank 0's learns of a namespace's
 // commits from events it subscribes to when it first loads the
 // namespace's root; a commit between that load and the subscription is
@@ -97,6 +108,9 @@ type Store struct {
 
 	ser *serializer // on rank 0 only
 
+	closeOnce sync.Once
+	closeErr  error
+
 	mu         sync.Mutex
 	registered map[string]bool // keys this daemon registered (withdrawn at Close)
 	alive      map[uint32]aliveAt
@@ -148,8 +162,14 @@ func Open(ctx context.Context, h *flux.Handle, cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// Close withdraws what this daemon registered and unregisters its service.
+// Close withdraws what this daemon registered and unregisters its
+// service. Closing again does nothing.
 func (s *Store) Close() error {
+	s.closeOnce.Do(func() { s.closeErr = s.close() })
+	return s.closeErr
+}
+
+func (s *Store) close() error {
 	s.mu.Lock()
 	keys := make([]string, 0, len(s.registered))
 	for k := range s.registered {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,7 +18,7 @@ import (
 	"github.com/dyadfs/dyadfs/hfl/store/storetest"
 )
 
-func open(t *testing.T, h *flux.Handle, name string) *fluxstore.Store {
+func open(t testing.TB, h *flux.Handle, name string) *fluxstore.Store {
 	t.Helper()
 	cfg := fluxstore.DefaultConfig(name)
 	cfg.Prefix = name + "-"
@@ -41,6 +42,59 @@ func TestFluxStoreConformance(t *testing.T) {
 		t.Cleanup(func() { ser.Close() })
 		return open(t, h1, name)
 	})
+}
+
+// TestFluxStoreConformanceOnRankZero runs it with the store of rank 0's
+// daemon, which hands its writes to its own serializer without a Flux
+// request.
+func TestFluxStoreConformanceOnRankZero(t *testing.T) {
+	in := fluxtest.Start(t, 1)
+	h0 := in.Open(t, 0)
+	var n atomic.Int64
+	storetest.Run(t, func(t *testing.T) store.Store {
+		return open(t, h0, fmt.Sprintf("z%d", n.Add(1)))
+	})
+}
+
+// TestFluxRecordsCounted: the count of records stays right across writes
+// of new and existing keys and removals, also when the serializer's daemon
+// restarts and finds records it did not write.
+func TestFluxRecordsCounted(t *testing.T) {
+	in := fluxtest.Start(t, 2)
+	h0, h1 := in.Open(t, 0), in.Open(t, 1)
+	ctx := context.Background()
+	s := open(t, h1, "count")
+	defer s.Close()
+	slot := func(name string) store.Slot { return store.Slot{Key: "job/" + name, Dir: "job/", Name: name} }
+	publish := func(name string) {
+		t.Helper()
+		if _, err := s.Publish(ctx, slot(name), store.Record{Path: name, Owner: "b", Size: 1, Mode: 0o100644}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := func(n int64) {
+		t.Helper()
+		if h, err := s.Health(ctx, "job"); err != nil || h.Records != n {
+			t.Fatalf("Health: %+v, %v; want %d records", h, err, n)
+		}
+	}
+	ser := open(t, h0, "count")
+	publish("a")
+	publish("b")
+	publish("a")
+	want(2)
+	ser.Close()
+	ser = open(t, h0, "count") // a new daemon on rank 0
+	defer ser.Close()
+	publish("a")
+	publish("c")
+	want(3)
+	if _, err := s.Remove(ctx, slot("b"), store.RemoveCond{}); err != nil {
+		t.Fatal(err)
+	}
+	publish("b")
+	publish("b")
+	want(3)
 }
 
 // TestFluxRegistrationOfADeadDaemon: a value a daemon registered is gone
@@ -136,5 +190,40 @@ func TestFluxPublishWhileBrokerLoadsNamespace(t *testing.T) {
 		if err != nil {
 			t.Fatalf("round %d: %v", i, err)
 		}
+	}
+}
+
+// BenchmarkPublish times one publish at a time through the store of each
+// rank (rank 0's daemon runs the serializer), against a bare one-key KVS
+// commit from the same rank: what the store adds to the KVS's own cost.
+func BenchmarkPublish(b *testing.B) {
+	in := fluxtest.Start(b, 2)
+	ctx := context.Background()
+	h0 := in.Open(b, 0)
+	ser := open(b, h0, "bench")
+	defer ser.Close()
+	for rank, s := range []*fluxstore.Store{ser, open(b, in.Open(b, 1), "bench")} {
+		b.Run(fmt.Sprintf("store-rank%d", rank), func(b *testing.B) {
+			for i := range b.N {
+				name := fmt.Sprintf("f%d-%d", rank, i)
+				if _, err := s.Publish(ctx, store.Slot{Key: "job/d/" + name, Dir: "job/d/", Name: name},
+					store.Record{Path: "d/" + name, Owner: "a", Size: 4096, Mode: 0o100644}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("commit-rank%d", rank), func(b *testing.B) {
+			h := in.Open(b, rank)
+			ns := fmt.Sprintf("benchcommit%d", rank)
+			if err := h.CreateNamespace(ctx, ns, ^uint32(0)); err != nil && !errors.Is(err, syscall.EEXIST) {
+				b.Fatal(err)
+			}
+			v := make([]byte, 200)
+			for i := range b.N {
+				if _, err := h.Commit(ctx, ns, []flux.Op{flux.Put(fmt.Sprintf("d.k%d", i), v)}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

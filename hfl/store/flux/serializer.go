@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -66,7 +67,8 @@ func (s *Store) write(ctx context.Context, w writeReq) (writeAns, error) {
 	if err != nil {
 		return writeAns{}, err
 	}
-	if ans.Seq > 0 && w.Op != opForget {
+	// Rank 0's broker committed it: it has the new root already.
+	if ans.Seq > 0 && w.Op != opForget && s.ser == nil {
 		if err := s.catchUp(ctx, w.NS, ans.Seq); err != nil {
 			return writeAns{}, err
 		}
@@ -76,10 +78,15 @@ func (s *Store) write(ctx context.Context, w writeReq) (writeAns, error) {
 
 // ask sends w to the serializer on rank 0 and returns its answer. A
 // serializer that is not there yet (its daemon is starting) is asked again
-// until the request timeout.
+// until the request timeout. The daemon of rank 0 runs the serializer
+// itself and hands it w directly: a Flux request to its own service would
+// cost two trips through its broker per write.
 func (s *Store) ask(ctx context.Context, w writeReq) (writeAns, error) {
 	if s.ctx.Err() != nil {
 		return writeAns{}, store.ErrClosed
+	}
+	if s.ser != nil {
+		return s.ser.local(ctx, w)
 	}
 	payload, err := json.Marshal(w)
 	if err != nil {
@@ -134,6 +141,13 @@ type nsState struct {
 	gen     uint64
 	records int64
 	syncs   uint64
+	// present holds a hash of each record key known to be in the
+	// namespace, so that a publish need not look its key up to count
+	// records; all says it holds them all (the namespace had no record
+	// when loaded), so that a key missing from it is new. A collision
+	// of hashes would only miscount one record.
+	present map[uint64]struct{}
+	all     bool
 }
 
 func newSerializer(s *Store) *serializer {
@@ -153,6 +167,58 @@ func (z *serializer) request(r flux.Request) {
 	case <-z.stopc:
 		r.RespondError(syscall.ENOSYS, "the store is closing")
 	}
+}
+
+// local queues w, written by this daemon, and waits for its answer.
+func (z *serializer) local(ctx context.Context, w writeReq) (writeAns, error) {
+	r := &localRequest{done: make(chan struct{})}
+	select {
+	case z.queue <- pending{w, r}:
+	case <-z.stopc:
+		return writeAns{}, store.ErrClosed
+	case <-ctx.Done():
+		return writeAns{}, ctx.Err()
+	}
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		return writeAns{}, ctx.Err() // the write may still be committed, as a request's may
+	}
+	if r.err != nil {
+		return writeAns{}, r.err
+	}
+	var ans writeAns
+	if err := json.Unmarshal(r.answer, &ans); err != nil {
+		return writeAns{}, fmt.Errorf("flux store: the serializer's answer: %w", err)
+	}
+	return ans, nil
+}
+
+// localRequest is a write of the serializer's own daemon, answered as a
+// Flux request is.
+type localRequest struct {
+	answer []byte
+	err    error
+	done   chan struct{}
+}
+
+func (r *localRequest) Topic() string   { return "write" }
+func (r *localRequest) Payload() []byte { return nil }
+func (r *localRequest) Userid() uint32  { return 0 }
+func (r *localRequest) Stream([]byte) error {
+	return errors.New("flux store: a write is answered once")
+}
+
+func (r *localRequest) Respond(data []byte) error {
+	r.answer = data
+	close(r.done)
+	return nil
+}
+
+func (r *localRequest) RespondError(errno syscall.Errno, msg string) error {
+	r.err = &flux.Error{Op: "write", Errno: errno, Msg: msg}
+	close(r.done)
+	return nil
 }
 
 func (z *serializer) stop() {
@@ -220,7 +286,7 @@ func (z *serializer) load(ctx context.Context, ns string) (*nsState, error) {
 	if err := z.s.h.CreateNamespace(ctx, ns, ^uint32(0)); err != nil && !errors.Is(err, syscall.EEXIST) {
 		return nil, err
 	}
-	st := &nsState{}
+	st := &nsState{present: make(map[uint64]struct{})}
 	v, err := z.s.h.Lookup(ctx, ns, recordsKey)
 	if err != nil && !notFound(err) {
 		return nil, err
@@ -228,6 +294,7 @@ func (z *serializer) load(ctx context.Context, ns string) (*nsState, error) {
 	if err == nil {
 		st.records, _ = strconv.ParseInt(string(v), 10, 64)
 	}
+	st.all = st.records == 0
 	v, err = z.s.h.Lookup(ctx, ns, genKey)
 	if err != nil && !notFound(err) {
 		return nil, err
@@ -264,13 +331,14 @@ func (z *serializer) commit(ns string, batch []pending) {
 		fail(err)
 		return
 	}
-	view, err := z.read(ctx, ns, batch)
+	view, err := z.read(ctx, ns, st, batch)
 	if err != nil {
 		fail(err)
 		return
 	}
 	gen, records := st.gen, st.records
 	var ops []flux.Op
+	var changes []keyChange // of records, applied to st.present once committed
 	sync := false
 	type answer struct {
 		p   pending
@@ -296,6 +364,7 @@ func (z *serializer) commit(ns string, batch []pending) {
 			if !cur.ok {
 				records++
 			}
+			changes = append(changes, keyChange{hash(w.Key), true})
 			view[w.Key] = current{v, true}
 			a.ans.Gen = gen
 		case opRemove:
@@ -313,6 +382,7 @@ func (z *serializer) commit(ns string, batch []pending) {
 			gen++
 			ops = append(ops, flux.Unlink(w.Key), flux.Unlink(w.Index))
 			records--
+			changes = append(changes, keyChange{hash(w.Key), false})
 			view[w.Key] = current{}
 			a.ans.Gen = gen
 		case opPutIfAbsent:
@@ -362,6 +432,13 @@ func (z *serializer) commit(ns string, batch []pending) {
 			return
 		}
 		st.gen, st.records = gen, records
+		for _, c := range changes {
+			if c.present {
+				st.present[c.hash] = struct{}{}
+			} else {
+				delete(st.present, c.hash)
+			}
+		}
 	}
 	for _, a := range answers {
 		if a.err != nil {
@@ -374,15 +451,35 @@ func (z *serializer) commit(ns string, batch []pending) {
 	}
 }
 
-// read looks up, at once, every key the batch's writes need to judge.
-func (z *serializer) read(ctx context.Context, ns string, batch []pending) (map[string]current, error) {
-	keys := make(map[string]bool)
+// keyChange is a record key, by hash, that a commit adds or removes.
+type keyChange struct {
+	hash    uint64
+	present bool
+}
+
+// read looks up, at once, every key the batch's writes need to judge. A
+// publish needs only whether its key is there, which st may know: a
+// writer's lone publish then costs no lookup.
+func (z *serializer) read(ctx context.Context, ns string, st *nsState, batch []pending) (map[string]current, error) {
+	keys := make(map[string]bool) // true: its value is needed
 	for _, p := range batch {
 		if p.w.Key != "" {
-			keys[p.w.Key] = true
+			keys[p.w.Key] = keys[p.w.Key] || p.w.Op != opPublish
 		}
 	}
 	view := make(map[string]current, len(keys))
+	for k, needValue := range keys {
+		if needValue {
+			continue
+		}
+		if _, ok := st.present[hash(k)]; ok {
+			view[k] = current{ok: true}
+			delete(keys, k)
+		} else if st.all {
+			view[k] = current{}
+			delete(keys, k)
+		}
+	}
 	var mu sync.Mutex
 	var firstErr error
 	var wg sync.WaitGroup
@@ -399,6 +496,9 @@ func (z *serializer) read(ctx context.Context, ns string, batch []pending) (map[
 			switch {
 			case err == nil:
 				view[k] = current{v, true}
+				if strings.HasPrefix(k, "r.") {
+					st.present[hash(k)] = struct{}{}
+				}
 			case notFound(err):
 				view[k] = current{}
 			case firstErr == nil:
