@@ -52,12 +52,12 @@ type Status struct {
 	Descriptors Descriptors `json:"descriptors"`
 	// Heap is the Go heap's: what was allocated since the start, what
 	// is live.
-	Heap Heap `json:"heap"`
-	Mountpoint  string      `json:"mountpoint"`
-	Backing     string      `json:"backing"`
-	Node        string      `json:"node"`
-	Uptime      float64     `json:"uptime_seconds"`
-	Passthrough string      `json:"passthrough"`
+	Heap        Heap    `json:"heap"`
+	Mountpoint  string  `json:"mountpoint"`
+	Backing     string  `json:"backing"`
+	Node        string  `json:"node"`
+	Uptime      float64 `json:"uptime_seconds"`
+	Passthrough string  `json:"passthrough"`
 	// CrashMarkers says whether files half-written when the daemon died
 	// can be detected at restart.
 	CrashMarkers bool    `json:"crash_markers"`
