@@ -6,16 +6,19 @@
 // forgetting a job is removing its namespace. Inside it, "." separates KVS
 // directories, and each path component is escaped (see esc):
 //
-//	r.<bin>.<bin>.<key>             a record, as JSON with its generation
-//	i.<bin>.<dir>.<bin>.<name>      the same record, in its directory's index
+//	i.<bin>.<dir>.<bin>.<name>      a record, as JSON with its generation, in
+//	                                its directory's index (lookups, waits and
+//	                                listings all read it there)
 //	v.<key>                         a value of PutIfAbsent or Register
 //	m.gen, m.records                the last generation, the number of records
 //	m.sync                          a count of catch-up commits (see catchUp)
 //
-// The bins (two hex digits of a hash, twice, for records; one for an
-// index's names) keep every KVS directory small: the KVS rewrites a whole
-// directory on every change to it, so a commit costs time in proportion to
-// the size of the directories it touches.
+// The bins (two hex digits of a hash for directories, one for names) keep
+// KVS directories small: the KVS rewrites a whole directory on every change
+// to it, so a commit costs time in proportion to the size of the
+// directories it touches. Releases before this one kept a second copy of
+// each record under its DYAD key ("r."), which doubled the directories a
+// publish rewrites and bought nothing a lookup needs.
 //
 // Generations. The KVS has no per-key version and no conditional commit,
 // so every write goes through one serializer: the store of the daemon of
@@ -240,12 +243,6 @@ func hash(s string) uint64 {
 	return h.Sum64()
 }
 
-// recKey is where the record of rest lives in its job's namespace.
-func recKey(rest string) string {
-	x := hash(rest)
-	return fmt.Sprintf("r.%02x.%02x.%s", byte(x), byte(x>>8), esc(rest))
-}
-
 // indexDir is the KVS directory of the index of directory dir (the rest
 // of a Slot.Dir).
 func indexDir(dir string) string {
@@ -255,6 +252,14 @@ func indexDir(dir string) string {
 // indexKey is where name's entry lives in the index of dir.
 func indexKey(dir, name string) string {
 	return fmt.Sprintf("%s.%x.%s", indexDir(dir), byte(hash(name))&0xf, esc(name))
+}
+
+// recordKey is the job's namespace of slot and where its record lives: in
+// its directory's index, once, which lookups, waits and listings all read.
+func (s *Store) recordKey(slot store.Slot) (ns, key string) {
+	ns, _ = s.split(slot.Key)
+	_, dir := s.split(slot.Dir)
+	return ns, indexKey(dir, slot.Name)
 }
 
 // valueKey is where the value of rest lives.
@@ -294,14 +299,13 @@ func (s *Store) fail(ctx context.Context, op, key string, err error) error {
 
 // Publish implements store.Store through the serializer.
 func (s *Store) Publish(ctx context.Context, slot store.Slot, rec store.Record) (store.Record, error) {
-	ns, rest := s.split(slot.Key)
-	_, dir := s.split(slot.Dir)
+	ns, rkey := s.recordKey(slot)
 	rec.Generation = 0
 	v, err := json.Marshal(rec)
 	if err != nil {
 		return store.Record{}, fmt.Errorf("flux store: publish %q: %w", slot.Key, err)
 	}
-	ans, err := s.write(ctx, writeReq{Op: opPublish, NS: ns, Key: recKey(rest), Index: indexKey(dir, slot.Name), Value: v})
+	ans, err := s.write(ctx, writeReq{Op: opPublish, NS: ns, Key: rkey, Value: v})
 	if err != nil {
 		return store.Record{}, s.fail(ctx, "publish", slot.Key, err)
 	}
@@ -324,13 +328,13 @@ func (s *Store) Lookup(ctx context.Context, slot store.Slot) (store.Record, erro
 	if s.ctx.Err() != nil {
 		return store.Record{}, store.ErrClosed
 	}
-	ns, rest := s.split(key)
+	ns, rkey := s.recordKey(slot)
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
 	if err := s.fresh(cctx, ns); err != nil {
 		return store.Record{}, s.fail(ctx, "lookup", key, err)
 	}
-	v, err := s.h.Lookup(cctx, ns, recKey(rest))
+	v, err := s.h.Lookup(cctx, ns, rkey)
 	if notFound(err) {
 		s.forgetEnsured(ns, err)
 		return store.Record{}, store.ErrNotFound
@@ -346,7 +350,7 @@ func (s *Store) Lookup(ctx context.Context, slot store.Slot) (store.Record, erro
 // starts again.
 func (s *Store) Wait(ctx context.Context, slot store.Slot, after uint64) (store.Record, error) {
 	key := slot.Key
-	ns, rest := s.split(key)
+	ns, rkey := s.recordKey(slot)
 	for {
 		if err := ctx.Err(); err != nil {
 			return store.Record{}, err
@@ -356,7 +360,7 @@ func (s *Store) Wait(ctx context.Context, slot store.Slot, after uint64) (store.
 		}
 		wctx, cancel := context.WithCancel(ctx)
 		stop := context.AfterFunc(s.ctx, cancel)
-		rec, again, err := s.watch(wctx, ns, rest, key, after)
+		rec, again, err := s.watch(wctx, ns, rkey, key, after)
 		stop()
 		cancel()
 		if s.ctx.Err() != nil {
@@ -489,7 +493,7 @@ func (s *Store) catchUp(ctx context.Context, ns string, seq int) error {
 // watch follows one watch until a record newer than after arrives (again
 // false), the key is removed or the namespace is missing (again true), or
 // ctx ends.
-func (s *Store) watch(ctx context.Context, ns, rest, key string, after uint64) (rec store.Record, again bool, err error) {
+func (s *Store) watch(ctx context.Context, ns, rkey, key string, after uint64) (rec store.Record, again bool, err error) {
 	if err := s.ensure(ctx, ns); err != nil {
 		return store.Record{}, false, s.fail(ctx, "wait for", key, err)
 	}
@@ -499,7 +503,7 @@ func (s *Store) watch(ctx context.Context, ns, rest, key string, after uint64) (
 	if err != nil {
 		return store.Record{}, false, s.fail(ctx, "wait for", key, err)
 	}
-	events, err := s.h.Watch(ctx, ns, recKey(rest))
+	events, err := s.h.Watch(ctx, ns, rkey)
 	if err != nil {
 		if notFound(err) {
 			s.forgetEnsured(ns, err)
@@ -532,10 +536,9 @@ func (s *Store) watch(ctx context.Context, ns, rest, key string, after uint64) (
 // Remove implements store.Store through the serializer, which judges cond
 // against the record it knows.
 func (s *Store) Remove(ctx context.Context, slot store.Slot, cond store.RemoveCond) (uint64, error) {
-	ns, rest := s.split(slot.Key)
-	_, dir := s.split(slot.Dir)
+	ns, rkey := s.recordKey(slot)
 	c, _ := json.Marshal(cond)
-	ans, err := s.write(ctx, writeReq{Op: opRemove, NS: ns, Key: recKey(rest), Index: indexKey(dir, slot.Name), Value: c})
+	ans, err := s.write(ctx, writeReq{Op: opRemove, NS: ns, Key: rkey, Value: c})
 	switch {
 	case err == nil:
 		return ans.Gen, nil

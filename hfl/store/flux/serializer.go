@@ -35,10 +35,9 @@ const (
 
 // writeReq is a write, as sent to the serializer.
 type writeReq struct {
-	Op    string `json:"op"`
-	NS    string `json:"ns"`
-	Key   string `json:"key,omitempty"`
-	Index string `json:"index,omitempty"`
+	Op  string `json:"op"`
+	NS  string `json:"ns"`
+	Key string `json:"key,omitempty"`
 	// Value is a publish's record, a removal's condition, a value's
 	// registration.
 	Value []byte `json:"value,omitempty"`
@@ -360,7 +359,7 @@ func (z *serializer) commit(ns string, batch []pending) {
 			gen++
 			rec.Generation = gen
 			v, _ := json.Marshal(rec)
-			ops = append(ops, flux.Put(w.Key, v), flux.Put(w.Index, v))
+			ops = append(ops, flux.Put(w.Key, v))
 			if !cur.ok {
 				records++
 			}
@@ -380,7 +379,7 @@ func (z *serializer) commit(ns string, batch []pending) {
 				break
 			}
 			gen++
-			ops = append(ops, flux.Unlink(w.Key), flux.Unlink(w.Index))
+			ops = append(ops, flux.Unlink(w.Key))
 			records--
 			changes = append(changes, keyChange{hash(w.Key), false})
 			view[w.Key] = current{}
@@ -496,7 +495,7 @@ func (z *serializer) read(ctx context.Context, ns string, st *nsState, batch []p
 			switch {
 			case err == nil:
 				view[k] = current{v, true}
-				if strings.HasPrefix(k, "r.") {
+				if strings.HasPrefix(k, "i.") {
 					st.present[hash(k)] = struct{}{}
 				}
 			case notFound(err):
@@ -541,7 +540,7 @@ func forgetNamespace(ctx context.Context, h *flux.Handle, ns string) (uint64, er
 	var n uint64
 	if v, err := h.Lookup(ctx, ns, recordsKey); err == nil {
 		records, _ := strconv.ParseUint(string(v), 10, 64)
-		n += 2 * records // a record and its index entry
+		n += records
 	}
 	if names, err := h.ListDir(ctx, ns, "v"); err == nil {
 		n += uint64(len(names))
