@@ -33,6 +33,8 @@ type mountConfig struct {
 	LogLevel   slog.Level
 	LogFile    string
 	CPUProfile string
+	// AllocProfile is where the daemon writes its allocations at unmount.
+	AllocProfile string
 
 	DMD     dmd.Config
 	FS      fs.Config
@@ -182,6 +184,8 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 	f.BoolVar(&c.FS.Debug, "debug-fuse", false, "log every FUSE request (very verbose)")
 	f.StringVar(&c.CPUProfile, "cpu-profile", "", "write a Go CPU profile of the daemon to `FILE` until unmount (for developers)")
 	f.MarkHidden("cpu-profile")
+	f.StringVar(&c.AllocProfile, "alloc-profile", "", "write a Go profile of the daemon's allocations to `FILE` at unmount (for developers)")
+	f.MarkHidden("alloc-profile")
 	f.DurationVar(&c.DMD.WaitLogAfter, "wait-log-after", c.DMD.WaitLogAfter, "log an open that has waited this long (for tests)")
 	f.MarkHidden("wait-log-after")
 	return f, v

@@ -403,6 +403,14 @@ func serve(c *mountConfig, ready func(error)) (err error) {
 			defer pprof.StopCPUProfile()
 		}
 	}
+	if c.AllocProfile != "" {
+		defer func() {
+			if f, err := os.Create(c.AllocProfile); err == nil {
+				pprof.Lookup("allocs").WriteTo(f, 0)
+				f.Close()
+			}
+		}()
+	}
 
 	go func() {
 		s, ok := <-sigs

@@ -85,7 +85,16 @@ func encodeNotice(msg notice) []byte {
 	setIf(&f, nListingEnded, msg.ListingEnded)
 	setIf(&f, nHeld, msg.Held)
 	setIf(&f, nForwarded, msg.Forwarded)
-	b := make([]byte, 0, 96+len(msg.Path)+inlineLen(msg.Inline))
+	// Sized once: a notice that outgrew its buffer by a byte would copy a
+	// small file's bytes into one twice their size.
+	size := 96 + len(msg.Path) + inlineLen(msg.Inline)
+	if msg.Rec != nil {
+		size += recordMax + len(msg.Rec.Path) + len(msg.Rec.Owner) + len(msg.Rec.Target)
+	}
+	if msg.Member != nil {
+		size += 32 + len(msg.Member.Node) + len(msg.Member.Transport) + len(msg.Member.Addr)
+	}
+	b := make([]byte, 0, size)
 	b = append(b, codecVersion, byte(msg.Kind))
 	b = binary.AppendUvarint(b, f)
 	if f&nPath != 0 {
@@ -233,6 +242,11 @@ func appendTime(b []byte, t time.Time) []byte {
 }
 
 // appendRecord appends rec without its bytes.
+// recordMax bounds what appendRecord writes besides its strings: a flag
+// word, the lengths of four strings, ten numbers as varints (at most 10
+// bytes each) and the checksum.
+const recordMax = 10 + 4*10 + 10*10 + 64
+
 func appendRecord(b []byte, rec *hfl.Record) []byte {
 	var f uint64
 	if rec.Target != "" {

@@ -2,6 +2,7 @@ package notice
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,6 +56,23 @@ func TestCodecRoundTrip(t *testing.T) {
 
 // BenchmarkCodec: encoding and decoding the two notices of one publish
 // and the home's reply.
+// TestEncodeAllocatesOnce: a notice is written into one buffer, sized
+// before: a small file's bytes are not copied into a larger one midway.
+func TestEncodeAllocatesOnce(t *testing.T) {
+	rec := hfl.Record{Path: strings.Repeat("d/", 60) + "out.dat", Owner: "node-017", Size: 4096, Mode: 0o100644,
+		Uid: 1 << 31, Gid: 1 << 31, MtimeNs: -1, Sum: digest.Sum{1}, Ino: ^uint64(0), Generation: ^uint64(0),
+		Alloc: -1, Target: "t", Writing: true, Provisional: true}
+	data := make([]byte, 4096)
+	for _, msg := range []notice{
+		{Kind: kindPublished, Path: rec.Path, After: ^uint64(0), Gen: ^uint64(0), Publish: ^uint64(0), Rec: &rec, Inline: &hfl.Inline{Data: data}},
+		{Kind: kindJoin, Member: &hfl.Member{Node: "node-017", Transport: "tcp", Addr: "10.0.0.1:7447", Started: time.Now()}},
+	} {
+		if n := testing.AllocsPerRun(10, func() { encodeNotice(msg) }); n != 1 {
+			t.Errorf("encoding a %v notice allocates %v times, want once", msg.Kind, n)
+		}
+	}
+}
+
 func BenchmarkCodec(b *testing.B) {
 	rec := hfl.Record{Path: "run/step-000123/out.dat", Owner: "node-017", Size: 4096, Mode: 0o100644, Uid: 1000, Gid: 1000,
 		MtimeNs: time.Now().UnixNano(), Sum: digest.Sum{1}, Ino: 1234567890123, Generation: 987654}
