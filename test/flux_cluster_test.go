@@ -281,6 +281,9 @@ func TestFluxScript(t *testing.T) {
 	}
 	mnt, backing := filepath.Join(dir, "mnt{rank}"), filepath.Join(dir, "backing{rank}")
 	mnts := []string{filepath.Join(dir, "mnt0"), filepath.Join(dir, "mnt1")}
+	for _, m := range mnts {
+		removeDefaultLog(t, m)
+	}
 	t.Cleanup(func() {
 		for _, m := range mnts {
 			runOut("fusermount3", "-u", "-z", m)

@@ -124,6 +124,13 @@ func newMount(t *testing.T, flags ...string) *mount {
 
 // mountDirs makes a test directory holding an empty mountpoint and backing
 // directory.
+// removeDefaultLog removes, when the test ends, the log a daemon mounted
+// at mountpoint without --log-file writes in the temporary directory.
+func removeDefaultLog(t testing.TB, mountpoint string) {
+	name := strings.Trim(strings.ReplaceAll(mountpoint, "/", "-"), "-")
+	t.Cleanup(func() { os.Remove(filepath.Join(os.TempDir(), "dyadfs-"+name+".log")) })
+}
+
 func mountDirs(t *testing.T) (root, mnt, backing string) {
 	t.Helper()
 	root = t.TempDir()

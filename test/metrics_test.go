@@ -92,6 +92,7 @@ func TestMetricsAddressInUse(t *testing.T) {
 	m := newMount(t, "--metrics", "127.0.0.1:0")
 	addr := strings.TrimSuffix(strings.TrimPrefix(m.status().Info["metrics"], "http://"), "/metrics")
 	_, mnt, backing := mountDirs(t)
+	removeDefaultLog(t, mnt)
 	out, err := dyadfs(t, "mount", "--backing", backing, "--metrics", addr, mnt)
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 15 || !strings.Contains(out, "--metrics "+addr) || strings.Count(strings.TrimSpace(out), "\n") != 0 {

@@ -51,8 +51,15 @@ func Start(t testing.TB, size int) *Instance {
 	// ends with it even when it is killed and its cleanups cannot run.
 	script := fmt.Sprintf(`for r in $(seq 0 %d); do flux exec -r $r printenv FLUX_URI; done > %s.tmp && mv %s.tmp %s && touch %s && while kill -0 %d 2>/dev/null; do sleep 1; done`,
 		size-1, uris, uris, uris, ready, os.Getpid())
+	// flux start leaves its socket's directory (flux-XXXXXX) in TMPDIR
+	// when it is stopped: it gets a directory of its own, removed after.
+	// A short path: the brokers' sockets go below it too.
+	tmp, err := os.MkdirTemp("", "fx")
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command(bin, "start", fmt.Sprintf("--test-size=%d", size), "bash", "-c", script)
-	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"))
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"), "TMPDIR="+tmp)
 	logf, err := os.Create(filepath.Join(dir, "flux.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -60,6 +67,7 @@ func Start(t testing.TB, size int) *Instance {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
+		os.RemoveAll(tmp)
 		t.Fatalf("flux start: %v", err)
 	}
 	in := &Instance{cmd: cmd}
@@ -73,6 +81,7 @@ func Start(t testing.TB, size int) *Instance {
 			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-exited
 		}
+		os.RemoveAll(tmp)
 	})
 	deadline := time.After(60 * time.Second)
 	for {
