@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/dyadfs/dyadfs/internal/size"
 )
 
 const prefetchUsage = `Usage: dyadfs prefetch [--jobs N] [--wait] [--timeout DURATION] PATH...
@@ -191,19 +193,5 @@ func (s *prefetchStats) summary(took time.Duration) string {
 	files, bytes := s.files.Load(), s.bytes.Load()
 	secs := max(took.Seconds(), 1e-3)
 	return fmt.Sprintf("%d files, %s in %v (%.0f files/s, %s/s), %d failed",
-		files, byteSize(bytes), took.Round(time.Millisecond), float64(files)/secs, byteSize(int64(float64(bytes)/secs)), s.failed.Load())
-}
-
-// byteSize is n in binary units.
-func byteSize(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit && exp < 4; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
+		files, size.Format(bytes), took.Round(time.Millisecond), float64(files)/secs, size.Format(int64(float64(bytes)/secs)), s.failed.Load())
 }
