@@ -111,7 +111,7 @@ func (fsys *FS) lookupMissing(ctx context.Context, parent *gofs.Inode, rel strin
 				return nil, 0
 			}
 		}
-		if !fsys.waits(tid, rel) {
+		if !fsys.waits(tid, rel) && !fsys.dmd.InOrigin(rel) {
 			fsys.intent.noWait.Add(1)
 			return nil, syscall.ENOENT
 		}
@@ -208,7 +208,22 @@ func (p *pendingFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, 
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.ENOENT
 	}
-	return p.fsys.openWhenHere(ctx, p.rel, flags)
+	fsys := p.fsys
+	f, here, err := fsys.dmd.FromOrigin(ctx, p.rel)
+	switch {
+	case err != nil:
+		return nil, 0, fsys.errno("open", p.rel, err)
+	case f != nil:
+		// Published nowhere, read from the origin.
+		if errno := fsys.mayReadUnder(ctx, fsys.dmd.Config().Origin, p.rel, f); errno != 0 {
+			f.Close()
+			return nil, 0, errno
+		}
+		return fsys.newReadHandle(gofs.NewLoopbackFileFromOS(f), p.rel, nil), fuse.FOPEN_NOFLUSH, 0
+	case here:
+		// Brought from the origin and published: it is complete here.
+	}
+	return fsys.openWhenHere(ctx, p.rel, flags)
 }
 
 // openWhenHere waits until rel is complete here in its current version
@@ -234,5 +249,5 @@ func (fsys *FS) openWhenHere(ctx context.Context, rel string, flags uint32) (gof
 		f.Close()
 		return nil, 0, errno
 	}
-	return fsys.newReadHandle(gofs.NewLoopbackFileFromOS(f), rel), fuse.FOPEN_NOFLUSH, 0
+	return fsys.newReadHandle(gofs.NewLoopbackFileFromOS(f), rel, nil), fuse.FOPEN_NOFLUSH, 0
 }

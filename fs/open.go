@@ -97,7 +97,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		if errno != 0 {
 			return nil, 0, errno
 		}
-		return fsys.newReadHandle(fh, rel), fuse.FOPEN_NOFLUSH, 0
+		return fsys.newReadHandle(fh, rel, &id), fuse.FOPEN_NOFLUSH, 0
 	}
 	// The version this write replaces, if it is published: its writer's
 	// close tells every node holding a copy (see writeHandle.Flush).
@@ -299,6 +299,9 @@ type readHandle struct {
 	*gofs.LoopbackFile
 	fsys *FS
 	rel  string
+	// pin is the file the handle keeps from eviction, if pinned.
+	pin    dmd.FileID
+	pinned bool
 }
 
 var (
@@ -306,9 +309,28 @@ var (
 	_ gofs.FileGetattrer = (*readHandle)(nil)
 )
 
-func (fsys *FS) newReadHandle(fh gofs.FileHandle, rel string) gofs.FileHandle {
+// newReadHandle wraps fh, opened to read rel (id: its backing file, nil:
+// not known yet). With a cache capacity, the open pins a copy: it is not
+// evicted while open (or mapped: the kernel releases a mapped file at
+// munmap).
+func (fsys *FS) newReadHandle(fh gofs.FileHandle, rel string, id *dmd.FileID) gofs.FileHandle {
 	fsys.fds.opened()
-	return &readHandle{LoopbackFile: fh.(*gofs.LoopbackFile), fsys: fsys, rel: rel}
+	h := &readHandle{LoopbackFile: fh.(*gofs.LoopbackFile), fsys: fsys, rel: rel}
+	if fsys.dmd.CopiesBounded() {
+		if id == nil {
+			var st syscall.Stat_t
+			if fd, ok := h.LoopbackFile.PassthroughFd(); ok && syscall.Fstat(fd, &st) == nil {
+				got := dmd.IDOf(&st)
+				id = &got
+			}
+		}
+		if id != nil {
+			h.pin = *id
+			h.pinned = true
+			fsys.dmd.CopyOpened(h.pin, rel)
+		}
+	}
+	return h
 }
 
 // Getattr implements gofs.FileGetattrer: a copy shows its record's times.
@@ -323,6 +345,9 @@ func (h *readHandle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Err
 // Release implements gofs.FileReleaser.
 func (h *readHandle) Release(ctx context.Context) syscall.Errno {
 	errno := h.LoopbackFile.Release(ctx)
+	if h.pinned {
+		h.fsys.dmd.CopyClosed(h.pin)
+	}
 	h.fsys.fds.released()
 	h.fsys.readReleases.Add(1)
 	return errno
@@ -335,6 +360,12 @@ func (h *readHandle) Release(ctx context.Context) syscall.Errno {
 // search permission on every directory on the way, read permission on the
 // file.
 func (fsys *FS) mayRead(ctx context.Context, rel string, f *os.File) syscall.Errno {
+	return fsys.mayReadUnder(ctx, fsys.dmd.Config().Backing, rel, f)
+}
+
+// mayReadUnder is mayRead for a file at rel under dir (the backing
+// directory, or the origin).
+func (fsys *FS) mayReadUnder(ctx context.Context, dir, rel string, f *os.File) syscall.Errno {
 	c, ok := fuse.FromContext(ctx)
 	if !ok || c.Uid == 0 {
 		return 0
@@ -357,7 +388,6 @@ func (fsys *FS) mayRead(ctx context.Context, rel string, f *os.File) syscall.Err
 		}
 		return st.Mode&bit != 0
 	}
-	dir := fsys.dmd.Config().Backing
 	parts := strings.Split(rel, "/")
 	for _, p := range parts[:len(parts)-1] {
 		var st syscall.Stat_t

@@ -21,6 +21,7 @@ import (
 	"github.com/dyadfs/dyadfs/fs/caller"
 	"github.com/dyadfs/dyadfs/fs/dmd"
 	"github.com/dyadfs/dyadfs/hfl"
+	"github.com/dyadfs/dyadfs/internal/size"
 )
 
 // mountConfig is everything `dyadfs mount` needs, assembled from defaults,
@@ -70,6 +71,11 @@ var envVars = []struct{ name, help string }{
 	{"DYAD_SHARED_STORAGE", "all nodes share the backing storage: --shared-storage"},
 	{"DYAD_DTL_MODE", "data transport: --dtl (DYAD's UCX, FLUX_RPC and MARGO are recognised)"},
 	{"DYAD_ASYNC_PUBLISH", "a writer's close does not wait for its publish: --publish-wait 0"},
+	{"DYAD_CACHE_CAPACITY", "bytes the copies of other nodes' files may take here: --cache-capacity"},
+	{"DYAD_CACHE_POLICY", "which copy is evicted first, LRU or FIFO: --cache-policy"},
+	{"DYAD_CACHE_LOW_WATERMARK", "fraction of the capacity eviction frees down to: --cache-low-watermark"},
+	{"DYAD_CACHE_GRACE_PERIOD", "seconds a copy just fetched is kept from eviction: --cache-grace"},
+	{"DYAD_PATH_ORIGIN", "directory (parallel file system) read for paths no node published: --origin"},
 	{"DYADFS_STORE", "metadata store URL: --store"},
 	{"DYADFS_BACKING", "node-local backing directory: --backing"},
 	{"DYADFS_LOG_LEVEL", "log level: --log-level"},
@@ -122,6 +128,14 @@ func defaultMountConfig() (mountConfig, error) {
 		}
 		return err
 	})
+	env("DYAD_CACHE_CAPACITY", func(v string) (err error) { c.DMD.Cache.Capacity, err = size.Parse(v); return })
+	env("DYAD_CACHE_POLICY", func(v string) error { c.DMD.Cache.Policy = strings.ToLower(strings.TrimSpace(v)); return nil })
+	env("DYAD_CACHE_LOW_WATERMARK", func(v string) (err error) {
+		c.DMD.Cache.LowWatermark, err = strconv.ParseFloat(strings.TrimSpace(v), 64)
+		return
+	})
+	env("DYAD_CACHE_GRACE_PERIOD", func(v string) (err error) { c.DMD.Cache.Grace, err = parseSeconds(v); return })
+	env("DYAD_PATH_ORIGIN", func(v string) error { c.DMD.Origin = v; return nil })
 	// Inside a Flux job the store is Flux's KVS, unless told otherwise.
 	env("FLUX_URI", func(string) error { c.StoreURL = fluxURL; return nil })
 	env("DYADFS_STORE", func(v string) error { c.StoreURL = v; return nil })
@@ -134,6 +148,33 @@ func defaultMountConfig() (mountConfig, error) {
 	}
 	return c, nil
 }
+
+// parseSeconds reads a duration as DYAD's variables give it, in seconds
+// ("5", "0.5"), or with a unit ("500ms").
+func parseSeconds(v string) (time.Duration, error) {
+	v = strings.TrimSpace(v)
+	if f, err := strconv.ParseFloat(v, 64); err == nil {
+		return time.Duration(f * float64(time.Second)), nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("want seconds (5) or a duration (500ms)")
+	}
+	return d, nil
+}
+
+// byteSize is a flag of a byte count written as people do (64MiB).
+type byteSize struct{ n *int64 }
+
+func (b byteSize) String() string {
+	if b.n == nil || *b.n == 0 {
+		return "0"
+	}
+	return strconv.FormatInt(*b.n, 10)
+}
+
+func (b byteSize) Set(s string) (err error) { *b.n, err = size.Parse(s); return }
+func (b byteSize) Type() string             { return "bytes" }
 
 // parseBool accepts what DYAD's users write in the environment.
 func parseBool(v string) (bool, error) {
@@ -165,6 +206,12 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 	f.DurationVar(&c.DMD.CloseWait, "publish-wait", c.DMD.CloseWait, "with other nodes, a writer's close publishes the file and fails if the store refuses it (ENOSPC when full, EACCES when denied) or does not answer within this time (EIO); 0: close returns at once and the publish follows (DYAD_ASYNC_PUBLISH)")
 	f.BoolVar(&c.DMD.FsyncOnPublish, "fsync-on-publish", c.DMD.FsyncOnPublish, "make file data durable before publishing it (DYAD_FSYNC_WRITE)")
 	f.BoolVar(&c.DMD.SharedStorage, "shared-storage", c.DMD.SharedStorage, "all nodes see the same backing storage: wait for records, never transfer (DYAD_SHARED_STORAGE)")
+	f.Var(byteSize{&c.DMD.Cache.Capacity}, "cache-capacity", "`BYTES` (such as 64GiB) the copies of other nodes' files may take here; past it, the copies least used are evicted and fetched again when next opened (0: no bound) (DYAD_CACHE_CAPACITY)")
+	f.StringVar(&c.DMD.Cache.Policy, "cache-policy", c.DMD.Cache.Policy, "which copy is evicted first: lru (opened least recently) or fifo (fetched first) (DYAD_CACHE_POLICY)")
+	f.Float64Var(&c.DMD.Cache.LowWatermark, "cache-low-watermark", c.DMD.Cache.LowWatermark, "once eviction starts, it frees down to this fraction of the capacity (DYAD_CACHE_LOW_WATERMARK)")
+	f.DurationVar(&c.DMD.Cache.Grace, "cache-grace", c.DMD.Cache.Grace, "a copy fetched this recently is not evicted before it is first opened (DYAD_CACHE_GRACE_PERIOD, in seconds)")
+	f.StringVar(&c.DMD.Origin, "origin", c.DMD.Origin, "`DIR` (on a parallel file system) that a read-only open of a path published nowhere reads instead of waiting; only ever read (DYAD_PATH_ORIGIN)")
+	f.BoolVar(&c.DMD.OriginPublish, "origin-publish", c.DMD.OriginPublish, "the first node to read a file from --origin brings it here and publishes it, so that other nodes fetch it from that node instead of the parallel file system")
 	f.StringVar(&c.DTL, "dtl", c.DTL, "data `TRANSPORT` between nodes: tcp, ucx (UCX: RDMA, or TCP and shared memory, as UCX_TLS says), or flux (Flux RPC through the brokers) (DYAD_DTL_MODE: TCP, UCX, FLUX_RPC)")
 	f.StringVar(&c.Transport.Listen, "listen", c.Transport.Listen, "`HOST:PORT` the transport serves files on")
 	f.StringVar(&c.Transport.Advertise, "advertise", "", "`HOST:PORT` other nodes reach the transport at (default: the listen address, or this node's first non-loopback address)")
@@ -257,6 +304,28 @@ func (v *mountFlagValues) finish(c *mountConfig, args []string) error {
 		if _, err := path.Match(pat, ""); err != nil || strings.Contains(pat, "/") {
 			return fail(exitUsage, fmt.Sprintf("--never-wait %q: want base-name globs such as ucx.conf or *.conf, without slashes", pat))
 		}
+	}
+	c.DMD.Cache.Policy = strings.ToLower(c.DMD.Cache.Policy)
+	if err := c.DMD.Cache.Validate(); err != nil {
+		return fail(exitUsage, "--cache-*: "+err.Error())
+	}
+	if c.DMD.Origin != "" {
+		abs, err := filepath.Abs(c.DMD.Origin)
+		if err != nil {
+			return fail(exitUsage, fmt.Sprintf("--origin %s: %v", c.DMD.Origin, err))
+		}
+		if st, err := os.Stat(abs); err != nil || !st.IsDir() {
+			return fail(exitUsage, fmt.Sprintf("--origin %s: not a directory this node can read (the parallel file system's dataset directory)", c.DMD.Origin))
+		}
+		if abs == c.Mountpoint || strings.HasPrefix(abs, c.Mountpoint+"/") {
+			return fail(exitUsage, fmt.Sprintf("--origin %s is inside the mountpoint %s: give the parallel file system's directory", c.DMD.Origin, c.Mountpoint))
+		}
+		c.DMD.Origin = abs
+	} else if c.DMD.OriginPublish {
+		return fail(exitUsage, "--origin-publish needs --origin DIR")
+	}
+	if c.DMD.Cache.Capacity > 0 && c.DMD.SharedStorage {
+		return fail(exitUsage, "--cache-capacity: with --shared-storage nothing is copied here, so there is nothing to bound")
 	}
 	if c.FS.CacheTTL < 0 {
 		return fail(exitUsage, fmt.Sprintf("--cache-ttl %v must not be negative", c.FS.CacheTTL))

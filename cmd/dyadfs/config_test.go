@@ -66,3 +66,60 @@ func TestBadEnvironment(t *testing.T) {
 		}
 	}
 }
+
+// TestCacheConfig: DYAD's cache variables and dyadfs's flags, by value;
+// bad values are refused with what to write.
+func TestCacheConfig(t *testing.T) {
+	defer func(old func(string) (string, bool)) { lookupEnv = old }(lookupEnv)
+	env := map[string]string{
+		"DYAD_CACHE_CAPACITY":      "2GiB",
+		"DYAD_CACHE_POLICY":        "FIFO",
+		"DYAD_CACHE_LOW_WATERMARK": "0.5",
+		"DYAD_CACHE_GRACE_PERIOD":  "2.5",
+		"DYAD_SHARED_STORAGE":      "0",
+	}
+	lookupEnv = func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	c, err := defaultMountConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := c.DMD.Cache
+	if cc.Capacity != 2<<30 || cc.Policy != "fifo" || cc.LowWatermark != 0.5 || cc.Grace != 2500*time.Millisecond || c.DMD.SharedStorage {
+		t.Fatalf("environment not applied by value: %+v, shared storage %v", cc, c.DMD.SharedStorage)
+	}
+	flags, vals := mountFlags(&c)
+	if err := flags.Parse([]string{"--cache-capacity", "64MiB", "--cache-policy", "lru", "--cache-grace", "1s", "/m"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := vals.finish(&c, flags.Args()); err != nil {
+		t.Fatal(err)
+	}
+	if cc := c.DMD.Cache; cc.Capacity != 64<<20 || cc.Policy != "lru" || cc.LowWatermark != 0.5 || cc.Grace != time.Second {
+		t.Fatalf("flags did not win: %+v", cc)
+	}
+
+	lookupEnv = func(string) (string, bool) { return "", false }
+	d, _ := defaultMountConfig()
+	if cc := d.DMD.Cache; cc.Capacity != 0 || cc.Policy != "lru" || cc.LowWatermark != 0.8 || cc.Grace != 5*time.Second {
+		t.Fatalf("defaults: %+v, want DYAD's (no capacity, lru, 0.8, 5s)", cc)
+	}
+	for _, args := range [][]string{
+		{"--cache-capacity", "lots"}, {"--cache-policy", "random"}, {"--cache-low-watermark", "1.5"},
+		{"--cache-grace", "-1s"}, {"--cache-capacity", "1G", "--shared-storage"},
+	} {
+		d, _ := defaultMountConfig()
+		flags, vals := mountFlags(&d)
+		err := flags.Parse(append(args, "/m"))
+		if err == nil {
+			err = vals.finish(&d, flags.Args())
+		}
+		if err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+	env = map[string]string{"DYAD_CACHE_CAPACITY": "big"}
+	lookupEnv = func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	if _, err := defaultMountConfig(); err == nil {
+		t.Error("DYAD_CACHE_CAPACITY=big accepted")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/dyadfs/dyadfs/internal/size"
 	"io"
 	iofs "io/fs"
 	"os"
@@ -98,6 +99,17 @@ func printStatus(out io.Writer, st *fs.Status) {
 	row("  copies here / stale copies dropped", fmt.Sprintf("%d / %d", d.Copies, d.StaleCopies))
 	row("  files replaced by other nodes", d.Replaced)
 	row("  files set aside (rewritten elsewhere)", d.Superseded)
+	if d.OriginReads > 0 {
+		row("  origin reads / published", fmt.Sprintf("%d / %d", d.OriginReads, d.OriginPublished))
+	}
+	c := d.Cache
+	if c.CapacityBytes > 0 {
+		row("  copies held / capacity", fmt.Sprintf("%s / %s (%d files, %d open; %s being fetched)",
+			size.Format(c.HeldBytes), size.Format(c.CapacityBytes), c.Copies, c.PinnedByOpen, size.Format(c.ReservedBytes)))
+		row("  evictions / refetches / refused (no room)", fmt.Sprintf("%d (%s) / %d / %d", c.Evictions, size.Format(int64(c.EvictedBytes)), c.Refetches, c.NoRoom))
+	} else {
+		row("  copies held", fmt.Sprintf("%s (%d files; no capacity: --cache-capacity)", size.Format(c.HeldBytes), c.Copies))
+	}
 	w.Flush()
 
 	fmt.Fprintf(out, "\nwaiting opens (%d)\n", len(st.Waiters))

@@ -51,11 +51,19 @@ type Config struct {
 	// the store does not answer; 0: the file is published after the close
 	// returns, and a failure is only logged and retried.
 	CloseWait time.Duration
+	// Cache bounds the space copies of other nodes' files take here.
+	Cache CacheConfig
+	// Origin is a directory (of a parallel file system) that a read-only
+	// open of a path published nowhere reads from instead of waiting;
+	// with OriginPublish, the first node to read a file there publishes
+	// it for the others (see origin.go).
+	Origin        string
+	OriginPublish bool
 }
 
 // DefaultConfig returns the defaults; Backing and Node must still be set.
 func DefaultConfig() Config {
-	return Config{WaitLogAfter: 10 * time.Second}
+	return Config{WaitLogAfter: 10 * time.Second, Cache: DefaultCacheConfig()}
 }
 
 // Validate checks the configuration.
@@ -66,13 +74,16 @@ func (c Config) Validate() error {
 	if c.Node == "" {
 		return errors.New("node id must not be empty")
 	}
+	if c.Origin != "" && !filepath.IsAbs(c.Origin) {
+		return fmt.Errorf("origin %q must be an absolute path", c.Origin)
+	}
 	if c.WaitTimeout < 0 {
 		return fmt.Errorf("wait timeout %v must not be negative", c.WaitTimeout)
 	}
 	if c.CloseWait < 0 {
 		return fmt.Errorf("publish wait %v must not be negative", c.CloseWait)
 	}
-	return nil
+	return c.Cache.Validate()
 }
 
 // Errors a waiting open can end with; the FUSE layer maps them to errno.
@@ -151,7 +162,7 @@ type DMD struct {
 	// shadows of their directories, in the backing directory are: they
 	// are not this node's to publish, and they go when a newer version
 	// is published (see view.go).
-	copies map[string]copyInfo
+	copies copyRegistry
 	// releasing counts, per path, last writers between letting readers in
 	// and publishing.
 	releasing map[string]int
@@ -180,6 +191,8 @@ type DMD struct {
 	// tempFd is the temporary one, opened once.
 	back   *backing.Dir
 	tempFd int
+	// origin is Config.Origin, opened; nil without one.
+	origin *originDir
 	// uncleanStart says the previous daemon did not stop cleanly: copies
 	// fetched then may not have reached the disk whole.
 	uncleanStart bool
@@ -238,13 +251,13 @@ func New(cfg Config, p Parts) (*DMD, error) {
 		busy:       make(map[FileID]*writeState),
 		creating:   make(map[string]int),
 		publishing: make(map[string]hfl.Record),
-		copies:     make(map[string]copyInfo),
 		releasing:  make(map[string]int),
 		superseded: make(map[string]uint64),
 
 		releaseBase:         make(map[string]uint64),
 		toldWhilePublishing: make(map[string]struct{}),
 	}
+	d.copies.init(cfg.Cache)
 	d.life, d.endLife = context.WithCancel(context.Background())
 	_, err := os.Stat(d.internalPath())
 	fresh := errors.Is(err, os.ErrNotExist)
@@ -267,6 +280,10 @@ func New(cfg Config, p Parts) (*DMD, error) {
 	if d.tempFd, err = unix.Open(d.TempDir(), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 		d.back.Close()
 		return nil, fmt.Errorf("open %s: %w", d.TempDir(), err)
+	}
+	if d.origin, err = openOrigin(cfg.Origin); err != nil {
+		d.closeFds()
+		return nil, err
 	}
 	d.markers = probeMarkers(d.internalPath())
 	if !d.markers {
@@ -304,6 +321,7 @@ func New(cfg Config, p Parts) (*DMD, error) {
 func (d *DMD) closeFds() {
 	unix.Close(d.tempFd)
 	d.back.Close()
+	d.origin.close()
 }
 
 // Config returns the configuration.

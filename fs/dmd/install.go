@@ -60,13 +60,9 @@ func (d *DMD) Install(tmp *os.File, v dtl.Version) error {
 		return fail(unix.EEXIST)
 	}
 	c := copyInfo{owner: v.Owner, gen: v.Info.Generation}
-	d.noteCopy(rel, c)
+	d.noteCopy(rel, c, &st)
 	if err := unix.Renameat2(d.tempFd, filepath.Base(tmp.Name()), dirfd, base, unix.RENAME_NOREPLACE); err != nil {
-		d.mu.Lock()
-		if d.copies[rel] == c {
-			delete(d.copies, rel) // something else got there first
-		}
-		d.mu.Unlock()
+		d.copies.forgetIf(rel, c) // something else got there first
 		return fail(err)
 	}
 	return nil
@@ -120,7 +116,7 @@ func (d *DMD) shadowMade(dirfd int, name, rel string) {
 	if d.solo() {
 		return
 	}
-	d.noteCopy(rel, copyInfo{dir: true})
+	d.noteCopy(rel, copyInfo{dir: true}, nil)
 	if !d.markers {
 		return
 	}

@@ -28,7 +28,7 @@ func (d *DMD) Removed(ctx context.Context, rel string, id FileID, lastName bool)
 			d.finishLocked(id, ws)
 		}
 	}
-	delete(d.copies, rel)
+	d.copies.forget(rel)
 	delete(d.superseded, rel)
 	d.mu.Unlock()
 	if lastName {

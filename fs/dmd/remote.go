@@ -256,6 +256,6 @@ func (d *DMD) linkHere(rel string, rec hfl.Record) error {
 		unix.Fchownat(dirfd, base, int(rec.Uid), int(rec.Gid), unix.AT_SYMLINK_NOFOLLOW)
 	}
 	d.inheritAt(rel, rec.InodeNumber())
-	d.noteCopy(rel, copyInfo{owner: rec.Owner, gen: rec.Generation})
+	d.noteCopy(rel, copyInfo{owner: rec.Owner, gen: rec.Generation}, nil)
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -86,7 +87,7 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 		switch {
 		case e.IsDir():
 			if owner, gen, ok := d.replicaMark(rel); d.markers && ok {
-				d.noteCopy(rel, copyInfo{owner: owner, gen: gen, dir: true})
+				d.noteCopy(rel, copyInfo{owner: owner, gen: gen, dir: true}, nil)
 				d.loadIno(rel)
 			} else if !d.solo() {
 				dirs = append(dirs, rel)
@@ -109,7 +110,7 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 				res.Dropped++
 				return nil
 			}
-			d.noteCopy(rel, copyInfo{owner: owner, gen: gen})
+			d.scannedCopy(rel, copyInfo{owner: owner, gen: gen}, nil)
 			d.loadIno(rel)
 			return nil
 		}
@@ -166,7 +167,7 @@ func (d *DMD) scanOwn(ctx context.Context, rel string, res *ScanResult, count fu
 		return
 	case err == nil && rec.Owner != d.cfg.Node && !d.markers && rec.Size == st.Size && rec.MtimeNs == st.Mtim.Nano():
 		// Without marks, a copy is told by the store's record.
-		d.noteCopy(rel, copyInfo{owner: rec.Owner, gen: rec.Generation})
+		d.scannedCopy(rel, copyInfo{owner: rec.Owner, gen: rec.Generation}, st)
 		return
 	case err == nil && rec.Owner != d.cfg.Node:
 		d.supersede(rel, rec, st)
@@ -209,4 +210,18 @@ func (d *DMD) holdIncomplete(id FileID) {
 		ws.incomplete, ws.marked = true, true
 		d.busy[id] = ws
 	}
+}
+
+// scannedCopy registers the copy c found at rel at start (st: its
+// attributes, nil: look), as fetched when it was installed (its change
+// time), so that eviction's order survives a restart.
+func (d *DMD) scannedCopy(rel string, c copyInfo, st *syscall.Stat_t) {
+	if st == nil {
+		var got syscall.Stat_t
+		if d.back.Lstat(rel, &got) != nil {
+			return
+		}
+		st = &got
+	}
+	d.copies.note(rel, c, st, time.Unix(st.Ctim.Unix()))
 }

@@ -31,6 +31,10 @@ type counters struct {
 	checksums      atomic.Uint64
 	checksumBytes  atomic.Uint64
 	checksumNanos  atomic.Uint64
+	// originReads counts files opened from the origin, originPublished
+	// those brought here from it and published.
+	originReads     atomic.Uint64
+	originPublished atomic.Uint64
 }
 
 func (c *counters) waited(d time.Duration) {
@@ -84,14 +88,22 @@ type Stats struct {
 	Waiting    int `json:"waiting_paths"`
 	// PendingPublishes are files whose publish failed and is retried.
 	PendingPublishes int `json:"pending_publishes"`
+	// OriginReads counts files read from the origin (a parallel file
+	// system) because no node published them; OriginPublished, those of
+	// them brought here and published for the other nodes.
+	OriginReads     uint64 `json:"origin_reads"`
+	OriginPublished uint64 `json:"origin_published"`
+	// Cache is what the copies take against the capacity.
+	Cache CacheStats `json:"cache"`
 }
 
 // Stats returns a snapshot of the counters.
 func (d *DMD) Stats() Stats {
 	d.mu.Lock()
 	busy, pending := len(d.busy), len(d.retries)
-	copies, superseded := len(d.copies), len(d.superseded)
+	superseded := len(d.superseded)
 	d.mu.Unlock()
+	copies := d.copies.len()
 	waiting := d.loc.WaitingPaths()
 	c := &d.stats
 	return Stats{
@@ -123,5 +135,8 @@ func (d *DMD) Stats() Stats {
 		BusyFiles:        busy,
 		Waiting:          waiting,
 		PendingPublishes: pending,
+		OriginReads:      c.originReads.Load(),
+		OriginPublished:  c.originPublished.Load(),
+		Cache:            d.copies.stats(),
 	}
 }

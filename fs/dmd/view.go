@@ -94,8 +94,8 @@ func (d *DMD) Mine(rel string) bool {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	_, isCopy := d.copies[rel]
 	_, aside := d.superseded[rel]
+	_, isCopy := d.copies.get(rel)
 	return !isCopy && !aside
 }
 
@@ -108,12 +108,7 @@ func (d *DMD) ListingDropped(dir string) {
 }
 
 // copyOf returns what version the copy at rel is, if it is one.
-func (d *DMD) copyOf(rel string) (copyInfo, bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	c, ok := d.copies[rel]
-	return c, ok
-}
+func (d *DMD) copyOf(rel string) (copyInfo, bool) { return d.copies.get(rel) }
 
 // IsCopy reports whether rel in the backing directory is a copy of another
 // node's file or the shadow of its directory.
@@ -122,19 +117,14 @@ func (d *DMD) IsCopy(rel string) bool {
 	return ok
 }
 
-// noteCopy records that rel is a copy of version c.
-func (d *DMD) noteCopy(rel string, c copyInfo) {
-	d.mu.Lock()
-	d.copies[rel] = c
-	d.mu.Unlock()
+// noteCopy records that rel is a copy of version c; st is a file's
+// attributes (nil for a directory or a symbolic link).
+func (d *DMD) noteCopy(rel string, c copyInfo, st *syscall.Stat_t) {
+	d.copies.note(rel, c, st, time.Time{})
 }
 
 // forgetCopy records that rel is no copy (any more).
-func (d *DMD) forgetCopy(rel string) {
-	d.mu.Lock()
-	delete(d.copies, rel)
-	d.mu.Unlock()
-}
+func (d *DMD) forgetCopy(rel string) { d.copies.forget(rel) }
 
 // RenameBeneath renames oldRel to newRel in the backing directory, for a
 // rename through the mount (flags as renameat2's), and moves what dyadfs
@@ -151,7 +141,9 @@ func (d *DMD) RenameBeneath(oldRel, newRel string, flags uint) error {
 	}
 	d.mu.Lock()
 	under := func(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
-	if flags&unix.RENAME_EXCHANGE != 0 {
+	exchange := flags&unix.RENAME_EXCHANGE != 0
+	d.copies.renamed(oldRel, newRel, exchange)
+	if exchange {
 		swap := func(p string) string {
 			switch {
 			case under(p, oldRel):
@@ -161,11 +153,6 @@ func (d *DMD) RenameBeneath(oldRel, newRel string, flags uint) error {
 			}
 			return p
 		}
-		copies := make(map[string]copyInfo, len(d.copies))
-		for p, c := range d.copies {
-			copies[swap(p)] = c
-		}
-		d.copies = copies
 		superseded := make(map[string]uint64, len(d.superseded))
 		for p, g := range d.superseded {
 			superseded[swap(p)] = g
@@ -173,11 +160,6 @@ func (d *DMD) RenameBeneath(oldRel, newRel string, flags uint) error {
 		d.superseded = superseded
 		d.mu.Unlock()
 		return nil
-	}
-	for p := range d.copies {
-		if under(p, newRel) && !under(p, oldRel) {
-			delete(d.copies, p) // replaced
-		}
 	}
 	for p := range d.superseded {
 		if under(p, newRel) && !under(p, oldRel) {
@@ -194,14 +176,7 @@ func (d *DMD) RenameBeneath(oldRel, newRel string, flags uint) error {
 func (d *DMD) moveCopies(oldRel, newRel string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for _, m := range []map[string]copyInfo{d.copies} {
-		for p, c := range m {
-			if p == oldRel || strings.HasPrefix(p, oldRel+"/") {
-				delete(m, p)
-				m[newRel+p[len(oldRel):]] = c
-			}
-		}
-	}
+	d.copies.renamed(oldRel, newRel, false)
 	for p, g := range d.superseded {
 		if p == oldRel || strings.HasPrefix(p, oldRel+"/") {
 			delete(d.superseded, p)
@@ -267,7 +242,7 @@ func (d *DMD) currentHere(ctx context.Context, rel string, st *syscall.Stat_t) b
 	_, publishing := d.publishing[rel]
 	ending := d.releasing[rel] > 0 || publishing
 	_, superseded := d.superseded[rel]
-	c, isCopy := d.copies[rel]
+	c, isCopy := d.copies.get(rel)
 	d.mu.Unlock()
 	if busy {
 		return true // its writers here decide
@@ -353,9 +328,7 @@ func (d *DMD) dropStale(rel string, st *syscall.Stat_t, rec hfl.Record) {
 	d.log.Debug("dropping a stale copy", "path", rel, "now", rec.Generation, "writing", rec.Writing)
 	d.stats.staleCopies.Add(1)
 	d.namesMu.Lock()
-	d.mu.Lock()
-	_, still := d.copies[rel]
-	d.mu.Unlock()
+	_, still := d.copies.get(rel)
 	if still { // not made this node's own since (written, renamed onto)
 		d.removeBeneathLocked(rel, false, st)
 	}
@@ -375,41 +348,45 @@ func (d *DMD) removeBeneath(rel string, dir bool, want *syscall.Stat_t) {
 	d.removeBeneathLocked(rel, dir, want)
 }
 
-// removeBeneathLocked is removeBeneath; d.namesMu must be held.
-func (d *DMD) removeBeneathLocked(rel string, dir bool, want *syscall.Stat_t) {
+// removeBeneathLocked is removeBeneath; d.namesMu must be held. It
+// reports whether it removed rel.
+func (d *DMD) removeBeneathLocked(rel string, dir bool, want *syscall.Stat_t) bool {
 	parent, base := path.Split(rel)
 	dirfd, err := d.openDir(strings.TrimSuffix(parent, "/"))
 	if err != nil {
-		return
+		return false
 	}
 	defer unix.Close(dirfd)
 	var st unix.Stat_t
 	if unix.Fstatat(dirfd, base, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
-		return
+		return false
 	}
 	if want != nil && (uint64(st.Dev) != uint64(want.Dev) || st.Ino != want.Ino) {
-		return // another file took the name
+		return false // another file took the name
 	}
 	flags := 0
 	if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
 		if !dir {
-			return
+			return false
 		}
 		flags = unix.AT_REMOVEDIR
 	}
 	d.mu.Lock()
 	if d.busy[FileID{Dev: uint64(st.Dev), Ino: st.Ino}] != nil {
 		d.mu.Unlock()
-		return
+		return false
 	}
-	delete(d.copies, rel)
+	d.copies.forget(rel)
 	delete(d.superseded, rel)
 	d.mu.Unlock()
-	if err := unix.Unlinkat(dirfd, base, flags); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTEMPTY) {
+	err = unix.Unlinkat(dirfd, base, flags)
+	switch {
+	case err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTEMPTY):
 		d.log.Warn("cannot remove a stale entry", "path", rel, "err", err)
-	} else if err == nil && (st.Nlink <= 1 || flags == unix.AT_REMOVEDIR) {
+	case err == nil && (st.Nlink <= 1 || flags == unix.AT_REMOVEDIR):
 		d.gone(FileID{Dev: uint64(st.Dev), Ino: st.Ino})
 	}
+	return err == nil
 }
 
 // Invalidated implements hfl.LocalIndex: rel changed on another node; it is
@@ -456,7 +433,7 @@ func (d *DMD) Invalidated(rel string, rec hfl.Record, exists bool) {
 		// is done (see publishDone).
 		d.toldWhilePublishing[rel] = struct{}{}
 	}
-	c, isCopy := d.copies[rel]
+	c, isCopy := d.copies.get(rel)
 	d.mu.Unlock()
 	switch {
 	case busy:
@@ -471,11 +448,7 @@ func (d *DMD) Invalidated(rel string, rec hfl.Record, exists bool) {
 			// that version. (Its mark on disk keeps generation 0,
 			// which a restarted daemon checks by owner, size and
 			// mtime.)
-			d.mu.Lock()
-			if d.copies[rel] == c { // not renamed over meanwhile
-				d.copies[rel] = copyInfo{owner: c.owner, gen: rec.Generation}
-			}
-			d.mu.Unlock()
+			d.copies.setGen(rel, c, rec.Generation) // unless renamed over meanwhile
 		}
 		return
 	case isCopy:
@@ -545,7 +518,7 @@ func (d *DMD) ShadowDir(ctx context.Context, rel string, rec hfl.Record) error {
 	if err != nil {
 		return fmt.Errorf("make %s here: %w", rel, err)
 	}
-	d.noteCopy(rel, copyInfo{owner: rec.Owner, gen: rec.Generation, dir: true})
+	d.noteCopy(rel, copyInfo{owner: rec.Owner, gen: rec.Generation, dir: true}, nil)
 	fd, err := unix.Openat(dirfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil // made; its attributes stay the daemon's

@@ -282,6 +282,11 @@ func (d *DMD) fetchLocated(ctx context.Context, rel string, rec hfl.Record, h he
 	if d.fetcher == nil {
 		return "", 0, fmt.Errorf("%s published by node %s: %w", rel, rec.Owner, ErrNoTransport)
 	}
+	done, err := d.makeRoom(ctx, rel, rec.Size)
+	if err != nil {
+		return "", 0, err
+	}
+	defer done()
 	d.loc.Hold(ctx, rel) // the copy must hear of changes
 	d.stats.fetches.Add(1)
 	start := time.Now()

@@ -300,7 +300,7 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, verdict bool) (
 		}
 		d.mu.Lock()
 		for name := range ws.names {
-			delete(d.copies, name)
+			d.copies.forget(name)
 			delete(d.superseded, name)
 		}
 		d.mu.Unlock()
