@@ -208,20 +208,25 @@ func (p *pendingFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, 
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.ENOENT
 	}
-	fsys := p.fsys
-	f, here, err := fsys.dmd.FromOrigin(ctx, p.rel)
-	switch {
-	case err != nil:
+	fsys, d := p.fsys, p.fsys.dmd
+	f, err := d.OriginFile(ctx, p.rel)
+	if err != nil {
 		return nil, 0, fsys.errno("open", p.rel, err)
-	case f != nil:
-		// Published nowhere, read from the origin.
-		if errno := fsys.mayReadUnder(ctx, fsys.dmd.Config().Origin, p.rel, f); errno != 0 {
+	}
+	if f != nil {
+		// Published nowhere: read from the origin, as the origin's
+		// modes allow the caller.
+		if errno := fsys.mayReadUnder(ctx, d.Config().Origin, p.rel, f); errno != 0 {
 			f.Close()
 			return nil, 0, errno
 		}
-		return fsys.newReadHandle(gofs.NewLoopbackFileFromOS(f), p.rel, nil), fuse.FOPEN_NOFLUSH, 0
-	case here:
-		// Brought from the origin and published: it is complete here.
+		if !d.OriginPublishes() {
+			return fsys.newReadHandle(gofs.NewLoopbackFileFromOS(f), p.rel), fuse.FOPEN_NOFLUSH, 0
+		}
+		// Brought here and published: the open below finds it.
+		if err := d.BringFromOrigin(ctx, p.rel, f); err != nil {
+			return nil, 0, fsys.errno("open", p.rel, err)
+		}
 	}
 	return fsys.openWhenHere(ctx, p.rel, flags)
 }
@@ -249,5 +254,5 @@ func (fsys *FS) openWhenHere(ctx context.Context, rel string, flags uint32) (gof
 		f.Close()
 		return nil, 0, errno
 	}
-	return fsys.newReadHandle(gofs.NewLoopbackFileFromOS(f), rel, nil), fuse.FOPEN_NOFLUSH, 0
+	return fsys.newReadHandle(gofs.NewLoopbackFileFromOS(f), rel), fuse.FOPEN_NOFLUSH, 0
 }

@@ -97,7 +97,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		if errno != 0 {
 			return nil, 0, errno
 		}
-		return fsys.newReadHandle(fh, rel, &id), fuse.FOPEN_NOFLUSH, 0
+		return fsys.newReadHandle(fh, rel), fuse.FOPEN_NOFLUSH, 0
 	}
 	// The version this write replaces, if it is published: its writer's
 	// close tells every node holding a copy (see writeHandle.Flush).
@@ -309,24 +309,16 @@ var (
 	_ gofs.FileGetattrer = (*readHandle)(nil)
 )
 
-// newReadHandle wraps fh, opened to read rel (id: its backing file, nil:
-// not known yet). With a cache capacity, the open pins a copy: it is not
-// evicted while open (or mapped: the kernel releases a mapped file at
-// munmap).
-func (fsys *FS) newReadHandle(fh gofs.FileHandle, rel string, id *dmd.FileID) gofs.FileHandle {
+// newReadHandle wraps fh, opened to read rel. With a cache capacity, the
+// open pins the file it opened: a copy is not evicted while open (or
+// mapped: the kernel releases a mapped file at munmap).
+func (fsys *FS) newReadHandle(fh gofs.FileHandle, rel string) gofs.FileHandle {
 	fsys.fds.opened()
 	h := &readHandle{LoopbackFile: fh.(*gofs.LoopbackFile), fsys: fsys, rel: rel}
 	if fsys.dmd.CopiesBounded() {
-		if id == nil {
-			var st syscall.Stat_t
-			if fd, ok := h.LoopbackFile.PassthroughFd(); ok && syscall.Fstat(fd, &st) == nil {
-				got := dmd.IDOf(&st)
-				id = &got
-			}
-		}
-		if id != nil {
-			h.pin = *id
-			h.pinned = true
+		var st syscall.Stat_t
+		if fd, ok := h.LoopbackFile.PassthroughFd(); ok && syscall.Fstat(fd, &st) == nil {
+			h.pin, h.pinned = dmd.IDOf(&st), true
 			fsys.dmd.CopyOpened(h.pin, rel)
 		}
 	}

@@ -36,6 +36,9 @@ func readOnlyDataset(t *testing.T, c *cluster, n int) (string, map[string]string
 		}
 		want[rel] = strings.Fields(out)[0]
 	}
+	// A directory only its owner (root) may enter.
+	os.MkdirAll(filepath.Join(pfs, "private"), 0o700)
+	os.WriteFile(filepath.Join(pfs, "private", "x"), []byte("secret\n"), 0o644)
 	c.must("mount", "--bind", pfs, ro)
 	t.Cleanup(func() { syscall.Unmount(ro, syscall.MNT_DETACH) })
 	c.must("mount", "-o", "remount,bind,ro", ro)
@@ -55,8 +58,8 @@ func TestClusterOrigin(t *testing.T) {
 	origin, want := readOnlyDataset(t, c, files)
 	pfs := filepath.Join(c.dir, "pfs")
 	before, _ := runOut("sh", "-c", "cd "+pfs+" && find . -printf '%p %s %T@\\n' | sort")
-	a := c.addNode("a", "--origin", origin, "--origin-publish")
-	b := c.addNode("b", "--origin", origin, "--origin-publish")
+	a := c.addNode("a", "--origin", origin, "--origin-publish", "-o", "allow_other")
+	b := c.addNode("b", "--origin", origin, "--origin-publish", "-o", "allow_other")
 	// Two more nodes, in a job of their own, read the origin without
 	// publishing.
 	plain := c.namespace + "-plain"
@@ -106,6 +109,22 @@ func TestClusterOrigin(t *testing.T) {
 	a.mustSh("echo produced > train/later.bin")
 	if r := within(t, "the wait", bound, waiter); r.err != nil || r.stdout != "produced\n" {
 		t.Fatalf("a wait for a path the origin lacks: %v", r)
+	}
+
+	// The origin's permissions hold, before and after a node brought
+	// the file: another user cannot enter private/ on either node.
+	const asNobody = "setpriv --reuid=65534 --regid=65534 --clear-groups "
+	if r := a.sh(asNobody + "cat private/x"); r.err == nil || !strings.Contains(r.stderr, "Permission denied") {
+		t.Fatalf("another user read private/x from the origin: %v", r)
+	}
+	if got := a.mustSh("cat private/x"); got != "secret\n" {
+		t.Fatalf("root reads private/x as %q", got)
+	}
+	if r := b.sh(asNobody + "cat private/x"); r.err == nil || !strings.Contains(r.stderr, "Permission denied") {
+		t.Fatalf("another user read private/x once published: %v", r)
+	}
+	if got := b.mustSh("stat -c %a private && cat private/x"); got != "700\nsecret\n" {
+		t.Fatalf("on the second node, private/ and its file read %q, want mode 700 and the file", got)
 	}
 
 	after, _ := runOut("sh", "-c", "cd "+pfs+" && find . -printf '%p %s %T@\\n' | sort")

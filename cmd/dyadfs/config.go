@@ -306,6 +306,9 @@ func (v *mountFlagValues) finish(c *mountConfig, args []string) error {
 		}
 	}
 	c.DMD.Cache.Policy = strings.ToLower(c.DMD.Cache.Policy)
+	if c.DMD.Cache.LowWatermark <= 0 {
+		return fail(exitUsage, fmt.Sprintf("--cache-low-watermark %v: want a fraction of the capacity, above 0 and at most 1", c.DMD.Cache.LowWatermark))
+	}
 	if err := c.DMD.Cache.Validate(); err != nil {
 		return fail(exitUsage, "--cache-*: "+err.Error())
 	}

@@ -105,7 +105,7 @@ func TestCacheConfig(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"--cache-capacity", "lots"}, {"--cache-policy", "random"}, {"--cache-low-watermark", "1.5"},
-		{"--cache-grace", "-1s"}, {"--cache-capacity", "1G", "--shared-storage"},
+		{"--cache-grace", "-1s"}, {"--cache-low-watermark", "0"}, {"--cache-capacity", "1G", "--shared-storage"},
 	} {
 		d, _ := defaultMountConfig()
 		flags, vals := mountFlags(&d)

@@ -3,7 +3,6 @@ package dmd
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,8 +10,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/dyadfs/dyadfs/hfl"
 )
 
 // The copies this node holds of other nodes' files, and the shadows of
@@ -100,11 +97,25 @@ type copyRegistry struct {
 	// them back (bounded: cleared when full).
 	evicted map[string]struct{}
 
-	// evictMu makes one fetch at a time choose what to evict.
+	// evictMu makes one fetch at a time choose what to evict; under it,
+	// owners caches which owners left the job (see ownerGone).
 	evictMu sync.Mutex
+	owners  map[string]ownerSeen
 
 	evictions, evictedBytes, refetches, noRoom atomic.Uint64
 }
+
+// ownerSeen is whether an owner was a member of the job, and when that
+// was looked up.
+type ownerSeen struct {
+	gone bool
+	at   time.Time
+}
+
+// ownerTTL is how long eviction trusts what it learnt of an owner: when
+// every fetch evicts, a lookup in the store for each would cost more than
+// the eviction.
+const ownerTTL = 2 * time.Second
 
 type reservation struct {
 	size  int64
@@ -166,6 +177,12 @@ func (r *copyRegistry) note(rel string, c copyInfo, st *syscall.Stat_t, at time.
 	r.dropLocked(rel)
 	r.m[rel] = e
 	r.held += e.size
+	if res := r.reserved[rel]; res != nil && e.size > 0 {
+		// The fetch that reserved the room installed it: it is held
+		// now, not reserved twice until the fetch returns.
+		r.reservedBytes -= res.size
+		res.size = 0
+	}
 	if _, ok := r.evicted[rel]; ok && !c.dir {
 		delete(r.evicted, rel)
 		r.refetches.Add(1)
@@ -205,27 +222,46 @@ func (r *copyRegistry) setGen(rel string, c copyInfo, gen uint64) {
 	r.mu.Unlock()
 }
 
+func under(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+
 // renamed follows a rename of oldRel to newRel: what was at and under
-// newRel is gone, and the copies at and under oldRel are there. With
-// exchange, the two trade places.
+// newRel is gone (replaced), and the copies at and under oldRel are
+// there. With exchange, the two trade places.
 func (r *copyRegistry) renamed(oldRel, newRel string, exchange bool) {
-	under := func(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if !exchange {
+		for p := range r.m {
+			if under(p, newRel) && !under(p, oldRel) {
+				r.dropLocked(p)
+			}
+		}
+	}
+	r.moveLocked(oldRel, newRel, exchange)
+}
+
+// moved follows a rename of oldRel to newRel whose replaced entries are
+// already gone: the copies at and under oldRel move.
+func (r *copyRegistry) moved(oldRel, newRel string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.moveLocked(oldRel, newRel, false)
+}
+
+func (r *copyRegistry) moveLocked(oldRel, newRel string, exchange bool) {
 	moved := make(map[string]*heldCopy)
 	for p, e := range r.m {
 		switch {
 		case under(p, oldRel):
 			delete(r.m, p)
 			moved[newRel+p[len(oldRel):]] = e
-		case under(p, newRel) && exchange:
+		case exchange && under(p, newRel):
 			delete(r.m, p)
 			moved[oldRel+p[len(newRel):]] = e
-		case under(p, newRel):
-			r.dropLocked(p) // replaced
 		}
 	}
 	for p, e := range moved {
+		r.dropLocked(p)
 		r.m[p] = e
 	}
 }
@@ -306,11 +342,10 @@ type victim struct {
 
 // victims chooses the copies to evict so that a fetch of size bytes fits,
 // down to the low watermark, in the policy's order, skipping copies that
-// are open, fetched within the grace period and not opened yet, or whose
-// owner keep says to
-// keep. It returns none, and what pins the rest, when even all of them
-// would not make room.
-func (r *copyRegistry) victims(size int64, now time.Time, keep func(owner string) bool) ([]victim, pinned) {
+// are open, fetched within the grace period and not opened yet, or that
+// keep (given path and owner) says to keep. It returns none, and what pins
+// the rest, when even all of them would not make room.
+func (r *copyRegistry) victims(size int64, now time.Time, keep func(rel, owner string) bool) ([]victim, pinned) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var pins pinned
@@ -328,7 +363,7 @@ func (r *copyRegistry) victims(size int64, now time.Time, keep func(owner string
 			pins.open++
 		case e.fetched > graceEnd && !e.opened:
 			pins.grace++
-		case keep(e.owner):
+		case keep(p, e.owner):
 			pins.owner++
 		default:
 			key := e.used
@@ -355,6 +390,21 @@ func (r *copyRegistry) victims(size int64, now time.Time, keep func(owner string
 		return nil, pins
 	}
 	return out, pins
+}
+
+// ownersOf lists the owners of the file copies held.
+func (r *copyRegistry) ownersOf() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	seen := make(map[string]bool)
+	var out []string
+	for _, e := range r.m {
+		if !e.dir && !seen[e.owner] {
+			seen[e.owner] = true
+			out = append(out, e.owner)
+		}
+	}
+	return out
 }
 
 // pinned counts the copies eviction could not take, by why.
@@ -444,25 +494,30 @@ func (d *DMD) makeRoom(ctx context.Context, rel string, size int64) (func(), err
 	if r.reserve(rel, size) { // another fetch made room meanwhile
 		return release, nil
 	}
-	owners := make(map[string]bool)
-	keep := func(owner string) bool {
-		// A copy whose owner left the job may be the only one left.
-		gone, ok := owners[owner]
-		if !ok {
-			mctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			_, err := d.loc.Member(mctx, owner)
-			cancel()
-			gone = errors.Is(err, hfl.ErrNotRunning)
-			owners[owner] = gone
+	now := time.Now()
+	// Which owners left the job, asked outside the registry's lock (the
+	// store may be slow to answer).
+	gone := make(map[string]bool)
+	for _, owner := range r.ownersOf() {
+		gone[owner] = d.ownerGone(owner, now)
+	}
+	failed := make(map[string]bool) // chosen, but changed since (written here, opened)
+	keep := func(rel, owner string) bool { return gone[owner] || failed[rel] }
+	var pins pinned
+	for range 3 {
+		var victims []victim
+		victims, pins = r.victims(size, now, keep)
+		if len(victims) == 0 {
+			break
 		}
-		return gone
-	}
-	victims, pins := r.victims(size, time.Now(), keep)
-	for _, v := range victims {
-		d.evict(v)
-	}
-	if r.reserve(rel, size) {
-		return release, nil
+		for _, v := range victims {
+			if !d.evict(v) {
+				failed[v.rel] = true
+			}
+		}
+		if r.reserve(rel, size) {
+			return release, nil
+		}
 	}
 	r.noRoom.Add(1)
 	st := r.stats()
@@ -473,23 +528,43 @@ func (d *DMD) makeRoom(ctx context.Context, rel string, size int64) (func(), err
 		rel, size, st.HeldBytes, r.cfg.Capacity, pins.open, pins.grace, r.cfg.Grace, ErrNoRoom)
 }
 
+// ownerGone reports whether owner may have left the job: a copy of its
+// file may be the only one left, and is kept. A store that cannot say
+// keeps it too. d.copies.evictMu must be held.
+func (d *DMD) ownerGone(owner string, now time.Time) bool {
+	r := &d.copies
+	if s, ok := r.owners[owner]; ok && now.Sub(s.at) < ownerTTL {
+		return s.gone
+	}
+	mctx, cancel := context.WithTimeout(d.life, 2*time.Second)
+	_, err := d.loc.Member(mctx, owner)
+	cancel()
+	gone := err != nil
+	if r.owners == nil || len(r.owners) > 4096 {
+		r.owners = make(map[string]ownerSeen)
+	}
+	r.owners[owner] = ownerSeen{gone: gone, at: now}
+	return gone
+}
+
 // evict removes the copy v to make room, unless it changed since it was
-// chosen (opened, written here, replaced).
-func (d *DMD) evict(v victim) {
+// chosen (opened, written here, replaced); it reports whether it did.
+func (d *DMD) evict(v victim) bool {
 	d.namesMu.Lock()
 	if !d.copies.evictable(v) {
 		d.namesMu.Unlock()
-		return
+		return false
 	}
 	want := syscall.Stat_t{Dev: v.id.Dev, Ino: v.id.Ino}
 	removed := d.removeBeneathLocked(v.rel, false, &want)
 	d.namesMu.Unlock()
 	if !removed {
-		return
+		return false
 	}
 	d.copies.evictedNow(v)
 	d.log.Debug("evicted a copy", "path", v.rel, "size", v.size, "owner", v.owner)
 	d.changedUnseen(v.rel)
+	return true
 }
 
 // CopiesBounded reports whether copies have a capacity: read opens pin

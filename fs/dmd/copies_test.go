@@ -29,7 +29,7 @@ func victimNames(vs []victim) []string {
 	return out
 }
 
-func keepNone(string) bool { return false }
+func keepNone(string, string) bool { return false }
 
 // TestCopyVictims: eviction takes the copies the policy puts first, down to
 // the low watermark, and never one that is open, fetched within the grace
@@ -83,7 +83,7 @@ func TestCopyVictims(t *testing.T) {
 		t.Fatalf("a copy opened once: victims %v, want it", got)
 	}
 	// Its owner gone: kept (this node may hold the job's only copy).
-	vs, pins = r.victims(4*mb, time.Now(), func(string) bool { return true })
+	vs, pins = r.victims(4*mb, time.Now(), func(string, string) bool { return true })
 	if len(vs) != 0 || pins.owner != 1 {
 		t.Fatalf("a copy whose owner left: victims %v (pinned %+v), want none", victimNames(vs), pins)
 	}
@@ -102,6 +102,10 @@ func TestCopyRegistryAccounts(t *testing.T) {
 	r.forget("f1")
 	r.renamed("f2", "g", false)
 	r.renamed("f0", "g", false) // replaces g (f2's 30 bytes)
+	r.moved("f0", "g")          // the rename's second look (Renamed) keeps it
+	if c, ok := r.get("g"); !ok || c.owner != "a" {
+		t.Fatalf("the copy renamed to g is gone from the registry")
+	}
 	if s := r.stats(); s.HeldBytes != 10 || s.Copies != 1 {
 		t.Fatalf("after a forget and two renames: %+v, want 10 bytes in 1 copy", s)
 	}

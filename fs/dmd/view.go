@@ -176,7 +176,7 @@ func (d *DMD) RenameBeneath(oldRel, newRel string, flags uint) error {
 func (d *DMD) moveCopies(oldRel, newRel string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.copies.renamed(oldRel, newRel, false)
+	d.copies.moved(oldRel, newRel)
 	for p, g := range d.superseded {
 		if p == oldRel || strings.HasPrefix(p, oldRel+"/") {
 			delete(d.superseded, p)
@@ -376,12 +376,17 @@ func (d *DMD) removeBeneathLocked(rel string, dir bool, want *syscall.Stat_t) bo
 		d.mu.Unlock()
 		return false
 	}
-	d.copies.forget(rel)
-	delete(d.superseded, rel)
-	d.mu.Unlock()
+	// Unlinked under d.mu: a writer that opens the file registers under
+	// it first (and the file stays), or finds it gone.
 	err = unix.Unlinkat(dirfd, base, flags)
+	failed := err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTEMPTY)
+	if !failed {
+		d.copies.forget(rel)
+		delete(d.superseded, rel)
+	}
+	d.mu.Unlock()
 	switch {
-	case err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTEMPTY):
+	case failed:
 		d.log.Warn("cannot remove a stale entry", "path", rel, "err", err)
 	case err == nil && (st.Nlink <= 1 || flags == unix.AT_REMOVEDIR):
 		d.gone(FileID{Dev: uint64(st.Dev), Ino: st.Ino})
