@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dyadfs/dyadfs/fs"
 )
@@ -167,6 +168,17 @@ func TestStatusCommand(t *testing.T) {
 	out, err = dyadfs(t, "status", "--json", m.mnt)
 	if err != nil || !strings.Contains(out, `"publishes": 1`) {
 		t.Fatalf("status --json: %v\n%s", err, out)
+	}
+	// A directory inside the mount, or a name published nowhere in it,
+	// stands for the mount: its status comes at once (it used to open
+	// x/.dyadfs/status, a name published nowhere, and wait for it).
+	mustSh(t, m.mnt, "mkdir x")
+	for _, p := range []string{"x", "x/not-yet"} {
+		start := time.Now()
+		out, err := dyadfs(t, "status", "--json", filepath.Join(m.mnt, p))
+		if err != nil || !strings.Contains(out, `"publishes"`) || time.Since(start) > 10*time.Second {
+			t.Fatalf("status of %s, inside the mount: %v after %v\n%s", p, err, time.Since(start), out)
+		}
 	}
 }
 

@@ -154,6 +154,40 @@ func mountedAt(dir string) (string, bool) {
 	return "", false
 }
 
+// dyadfsMountOf returns the dyadfs mount that p is in (p itself, or a
+// directory under it), from /proc/self/mountinfo: a path inside the mount
+// is never opened to find it (a name published nowhere would make the
+// open wait).
+func dyadfsMountOf(p string) (string, bool) {
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return "", false
+	}
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", false
+	}
+	best, bestType := "", ""
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 10 {
+			continue
+		}
+		dir := unescapeMountinfo(f[4])
+		if !within(abs, dir) || len(dir) < len(best) {
+			continue
+		}
+		best, bestType = dir, ""
+		for i, x := range f {
+			if x == "-" && i+1 < len(f) {
+				bestType = f[i+1]
+				break
+			}
+		}
+	}
+	return best, bestType == "fuse.dyadfs"
+}
+
 // unescapeMountinfo undoes the octal escapes (\040 for space) of mountinfo.
 func unescapeMountinfo(s string) string {
 	if !strings.Contains(s, `\`) {

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/dyadfs/dyadfs/internal/size"
 	"io"
 	iofs "io/fs"
 	"os"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/dyadfs/dyadfs/fs"
 	"github.com/dyadfs/dyadfs/fs/dmd"
+	"github.com/dyadfs/dyadfs/internal/size"
 )
 
 const statusUsage = `Usage: dyadfs status [--json] MOUNTPOINT
@@ -40,7 +40,10 @@ func runStatus(args []string, stdout io.Writer) error {
 	if flags.NArg() != 1 {
 		return fail(exitUsage, "status takes exactly one MOUNTPOINT (see dyadfs help status)")
 	}
-	mnt := flags.Arg(0)
+	mnt, ok := dyadfsMountOf(flags.Arg(0))
+	if !ok {
+		return fail(exitNotMounted, fmt.Sprintf("%s is not a dyadfs mount, nor inside one", flags.Arg(0)))
+	}
 	data, err := os.ReadFile(filepath.Join(mnt, dmd.InternalDir, fs.StatusFile))
 	if errors.Is(err, iofs.ErrNotExist) || errors.Is(err, iofs.ErrPermission) {
 		return fail(exitNotMounted, fmt.Sprintf("%s is not a dyadfs mount", mnt))

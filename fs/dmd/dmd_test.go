@@ -397,3 +397,36 @@ func TestNotPublishedHalfRewritten(t *testing.T) {
 		t.Fatalf("after the rewrite: %+v, %v; want the new 1 MiB version", rec, err)
 	}
 }
+
+// TestNotRepublishedWhileRewritten: a close that published the file, then
+// an open of the same file for writing, truncating it, before the first
+// handle's release (the kernel sends RELEASE after close returns): that
+// release publishes nothing, not the truncated file; the new writer's
+// close publishes what it wrote.
+func TestNotRepublishedWhileRewritten(t *testing.T) {
+	fx := newFixture(t, func(c *Config) { c.CloseWait = 5 * time.Second })
+	notHeld := func(uint32) bool { return false }
+	w, f := fx.create("v")
+	f.WriteString(strings.Repeat("a", 1<<20))
+	if err := w.Close(fx.ctx(), int(f.Fd()), "v", 1, notHeld); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	first, err := fx.record("v")
+	if err != nil || first.Size != 1<<20 {
+		t.Fatalf("published at close: %+v, %v", first, err)
+	}
+	w2, f2 := fx.openWrite("v", os.O_WRONLY|os.O_TRUNC) // 0 bytes now
+	fx.end(w, f, "v")                                  // the first handle's release
+	if rec, err := fx.record("v"); err != nil || rec.Generation != first.Generation {
+		t.Fatalf("the release of the first handle published %+v (%v) while the file was written again; want %+v still", rec, err, first)
+	}
+	f2.WriteString(strings.Repeat("b", 1<<20))
+	if err := w2.Close(fx.ctx(), int(f2.Fd()), "v", 1, notHeld); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	fx.end(w2, f2, "v")
+	rec, err := fx.record("v")
+	if err != nil || rec.Size != 1<<20 || rec.Generation <= first.Generation || rec.Sum == first.Sum {
+		t.Fatalf("after the rewrite: %+v, %v; want the new 1 MiB version", rec, err)
+	}
+}

@@ -614,7 +614,7 @@ func (d *DMD) publish(ctx context.Context, rec hfl.Record, how publishHow) error
 	}
 	d.stats.publishes.Add(1)
 	d.markPublished(rec.Path, out.Generation)
-	d.log.Debug("published", "path", rec.Path, "gen", out.Generation, "took", time.Since(start))
+	d.log.Debug("published", "path", rec.Path, "gen", out.Generation, "size", rec.Size, "writing", rec.Writing, "took", time.Since(start))
 	d.publishDone(rec.Path)
 	return nil
 }
