@@ -416,7 +416,7 @@ func TestNotRepublishedWhileRewritten(t *testing.T) {
 		t.Fatalf("published at close: %+v, %v", first, err)
 	}
 	w2, f2 := fx.openWrite("v", os.O_WRONLY|os.O_TRUNC) // 0 bytes now
-	fx.end(w, f, "v")                                  // the first handle's release
+	fx.end(w, f, "v")                                   // the first handle's release
 	if rec, err := fx.record("v"); err != nil || rec.Generation != first.Generation {
 		t.Fatalf("the release of the first handle published %+v (%v) while the file was written again; want %+v still", rec, err, first)
 	}
