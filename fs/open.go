@@ -77,7 +77,15 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		if flags&writeFlags == 0 {
 			return fsys.openWhenHere(ctx, rel, flags)
 		}
-		return fsys.openForWrite(ctx, rel, flags)
+		// A writer writes the current version, which is another file
+		// than this inode's. While any handle of this inode is open,
+		// the kernel sends every write through it to the backing file
+		// its first open gave (with passthrough): the writer's bytes
+		// would land in the version set aside, and the new file be
+		// published empty. It looks the name up again (the kernel
+		// retries an open that gets ESTALE once) and opens the current
+		// version through an inode of its own (see retarget).
+		return nil, 0, syscall.ESTALE
 	}
 	if flags&writeFlags == 0 {
 		if err := d.WaitComplete(ctx, id, rel, tid); err != nil {

@@ -19,10 +19,11 @@ import (
 	"github.com/dyadfs/dyadfs/internal/size"
 )
 
-const statusUsage = `Usage: dyadfs status [--json] MOUNTPOINT
+const statusUsage = `Usage: dyadfs status [--json] PATH
 
-Shows a dyadfs mount's settings and counters: opens that waited and for how
-long, publishes, lookups answered at each locator level, FUSE operations and
+Shows the settings and counters of the dyadfs mount PATH is (its
+mountpoint, or any path in it): opens that waited and for how long,
+publishes, lookups answered at each locator level, FUSE operations and
 the errnos they ended with. The same data is in MOUNTPOINT/.dyadfs/status.
 `
 
@@ -38,13 +39,23 @@ func runStatus(args []string, stdout io.Writer) error {
 		return fail(exitUsage, err.Error()+" (see dyadfs help status)")
 	}
 	if flags.NArg() != 1 {
-		return fail(exitUsage, "status takes exactly one MOUNTPOINT (see dyadfs help status)")
+		return fail(exitUsage, "status takes exactly one PATH: the mountpoint, or a path in the mount (see dyadfs help status)")
 	}
-	mnt, ok := dyadfsMountOf(flags.Arg(0))
+	arg := flags.Arg(0)
+	mnt, ok := dyadfsMountOf(arg)
 	if !ok {
-		return fail(exitNotMounted, fmt.Sprintf("%s is not a dyadfs mount, nor inside one", flags.Arg(0)))
+		return fail(exitNotMounted, fmt.Sprintf("%s is not a dyadfs mount, nor inside one", arg))
 	}
-	data, err := os.ReadFile(filepath.Join(mnt, dmd.InternalDir, fs.StatusFile))
+	// Reached from the path given, upwards (a user may search the mount
+	// but not the directories above it): x/y/.. is taken as x, without
+	// looking at y.
+	root := mnt
+	if abs, err := filepath.Abs(arg); err == nil {
+		if up, err := filepath.Rel(abs, mnt); err == nil {
+			root = filepath.Join(arg, up)
+		}
+	}
+	data, err := os.ReadFile(filepath.Join(root, dmd.InternalDir, fs.StatusFile))
 	if errors.Is(err, iofs.ErrNotExist) || errors.Is(err, iofs.ErrPermission) {
 		return fail(exitNotMounted, fmt.Sprintf("%s is not a dyadfs mount", mnt))
 	}
