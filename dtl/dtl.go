@@ -32,6 +32,23 @@ type Request struct {
 	// at the address). A daemon of another node at that address, one that
 	// took the port of an owner that restarted elsewhere, is not asked.
 	Owner string
+	// Off and Len, with Len > 0, ask for the bytes [Off, Off+Len) only
+	// (clipped to the file), of a transport that FetchesRanges: the
+	// reply describes the whole file, the destination receives only
+	// those bytes at their offsets, and its size is left alone.
+	Off, Len int64
+}
+
+// RangeFetcher is implemented by transports that honour Request.Off and
+// Len. Others send whole files, and a consumer then fetches files whole.
+type RangeFetcher interface {
+	FetchesRanges() bool
+}
+
+// FetchesRanges reports whether t honours byte ranges.
+func FetchesRanges(t Transport) bool {
+	r, ok := t.(RangeFetcher)
+	return ok && r.FetchesRanges()
 }
 
 // FileInfo describes the file an owner sends. The copy a consumer makes

@@ -122,7 +122,8 @@ type Fetcher struct {
 	owners map[string]cachedOwner
 	temps  *tempPool
 
-	stats FetchStats
+	stats  FetchStats
+	ranges RangeStats
 }
 
 // FetchStats counts transfers.

@@ -210,7 +210,9 @@ func (fsys *FS) mountOptions() *gofs.Options {
 		MaxWrite:   1 << 20,
 		// O_TRUNC reaches OPEN, where the writer is registered before the
 		// truncation, instead of arriving as a SETATTR after it.
-		ExtraCapabilities: fuse.CAP_ATOMIC_O_TRUNC,
+		// Files read in ranges are opened for direct I/O (see
+		// rangedHandle): mappings of them must still work.
+		ExtraCapabilities: fuse.CAP_ATOMIC_O_TRUNC | fuse.CAP_DIRECT_IO_ALLOW_MMAP,
 		// A bug must not pass unnoticed: log it, count it, answer EIO.
 		PanicHandler: func(v any) fuse.Status {
 			fsys.panics.Add(1)

@@ -236,10 +236,13 @@ func (p *pendingFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, 
 func (fsys *FS) openWhenHere(ctx context.Context, rel string, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	var f *os.File
 	for attempt := 0; ; attempt++ {
-		if _, err := fsys.dmd.WaitPath(ctx, rel, callerTid(ctx)); err != nil {
+		_, ranged, err := fsys.dmd.WaitOpen(ctx, rel, callerTid(ctx))
+		if err != nil {
 			return nil, 0, fsys.errno("open", rel, err)
 		}
-		var err error
+		if ranged != nil {
+			return fsys.openRanged(ctx, rel, ranged)
+		}
 		f, err = fsys.dmd.OpenBeneath(rel, int(flags&^(syscall.O_APPEND|fuse.FMODE_EXEC)))
 		if err == nil {
 			break

@@ -170,6 +170,14 @@ func (b byteSize) String() string {
 	if b.n == nil || *b.n == 0 {
 		return "0"
 	}
+	for _, u := range []struct {
+		suffix string
+		n      int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if *b.n%u.n == 0 {
+			return strconv.FormatInt(*b.n/u.n, 10) + u.suffix
+		}
+	}
 	return strconv.FormatInt(*b.n, 10)
 }
 
@@ -210,6 +218,9 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 	f.StringVar(&c.DMD.Cache.Policy, "cache-policy", c.DMD.Cache.Policy, "which copy is evicted first: lru (opened least recently) or fifo (fetched first) (DYAD_CACHE_POLICY)")
 	f.Float64Var(&c.DMD.Cache.LowWatermark, "cache-low-watermark", c.DMD.Cache.LowWatermark, "once eviction starts, it frees down to this fraction of the capacity (DYAD_CACHE_LOW_WATERMARK)")
 	f.DurationVar(&c.DMD.Cache.Grace, "cache-grace", c.DMD.Cache.Grace, "a copy fetched this recently is not evicted before it is first opened (DYAD_CACHE_GRACE_PERIOD, in seconds)")
+	f.Var(byteSize{&c.DMD.Ranges.Threshold}, "range-threshold", "an open of another node's file of at least `BYTES` returns once the file is known, and its reads fetch the blocks they touch (0: always fetch whole files first)")
+	f.Var(byteSize{&c.DMD.Ranges.ReadAhead}, "range-read-ahead", "`BYTES` fetched ahead of the sequential reads of a file read in ranges")
+	f.BoolVar(&c.DMD.Ranges.Fill, "range-fill", c.DMD.Ranges.Fill, "fetch the rest of a file read in ranges in the background once it is opened")
 	f.StringVar(&c.DMD.Origin, "origin", c.DMD.Origin, "`DIR` (on a parallel file system) that a read-only open of a path published nowhere reads instead of waiting; only ever read (DYAD_PATH_ORIGIN)")
 	f.BoolVar(&c.DMD.OriginPublish, "origin-publish", c.DMD.OriginPublish, "the first node to read a file from --origin brings it here and publishes it, so that other nodes fetch it from that node instead of the parallel file system")
 	f.StringVar(&c.DTL, "dtl", c.DTL, "data `TRANSPORT` between nodes: tcp, ucx (UCX: RDMA, or TCP and shared memory, as UCX_TLS says), or flux (Flux RPC through the brokers) (DYAD_DTL_MODE: TCP, UCX, FLUX_RPC)")
@@ -326,6 +337,9 @@ func (v *mountFlagValues) finish(c *mountConfig, args []string) error {
 		c.DMD.Origin = abs
 	} else if c.DMD.OriginPublish {
 		return fail(exitUsage, "--origin-publish needs --origin DIR")
+	}
+	if c.DMD.Ranges.Threshold < 0 || c.DMD.Ranges.ReadAhead < 0 {
+		return fail(exitUsage, "--range-threshold and --range-read-ahead must not be negative")
 	}
 	if c.DMD.Cache.Capacity > 0 && c.DMD.SharedStorage {
 		return fail(exitUsage, "--cache-capacity: with --shared-storage nothing is copied here, so there is nothing to bound")

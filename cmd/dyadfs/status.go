@@ -124,6 +124,10 @@ func printStatus(out io.Writer, st *fs.Status) {
 	} else {
 		row("  copies held", fmt.Sprintf("%s (%d files; no capacity: --cache-capacity)", size.Format(c.HeldBytes), c.Copies))
 	}
+	if r := d.Ranged; r.Opened > 0 || r.Open > 0 {
+		row("  files read in ranges (now / opened / completed)", fmt.Sprintf("%d (%s here) / %d / %d", r.Open, size.Format(r.HereBytes), r.Opened, r.Installed))
+		row("  ranges fetched", fmt.Sprintf("%d (%s; failed %d, corrupt blocks %d)", r.Fetches, size.Format(int64(r.Bytes)), r.Failed, r.Corrupt))
+	}
 	w.Flush()
 
 	fmt.Fprintf(out, "\nwaiting opens (%d)\n", len(st.Waiters))

@@ -41,6 +41,9 @@ func (t *Transport) enter() error {
 	return nil
 }
 
+// FetchesRanges implements dtl.RangeFetcher.
+func (t *Transport) FetchesRanges() bool { return true }
+
 // Fetch asks the server at addr for req and writes the file into dst (see
 // dtl.Transport). It takes an idle connection to addr if there is one;
 // if that connection turns out to have been closed by the server before
@@ -193,7 +196,7 @@ func (t *Transport) receive(cc *clientConn, req dtl.Request, dst *dtl.Sink) (inf
 	dst.InOrder() // chunks come in order; the gaps are holes
 	stall := t.cfg.StallTimeout
 	cc.conn.SetWriteDeadline(time.Now().Add(stall))
-	cc.out = appendGet(cc.out[:0], getReq{Generation: req.Generation, Path: req.Path})
+	cc.out = appendGet(cc.out[:0], getReq{Generation: req.Generation, Path: req.Path, Off: req.Off, Len: req.Len})
 	if _, err := cc.conn.Write(cc.out); err != nil {
 		return info, false, connGone(err), err
 	}
@@ -226,6 +229,9 @@ func (t *Transport) receive(cc *clientConn, req dtl.Request, dst *dtl.Sink) (inf
 			if err != nil {
 				return info, false, false, err
 			}
+			if req.Len > 0 && (ch.Off < req.Off || ch.Off+ch.Len > req.Off+req.Len) {
+				return info, false, false, protoErr("chunk of %d bytes at %d outside the range of %d bytes at %d asked for", ch.Len, ch.Off, req.Len, req.Off)
+			}
 			if ch.Len == 0 || ch.Len > maxChunk || ch.Off < next || ch.Off > info.Size || ch.Len > info.Size-ch.Off {
 				return info, false, false, protoErr("chunk of %d bytes at %d: out of order, empty, too large or beyond the %d-byte file (next may start at %d)", ch.Len, ch.Off, info.Size, next)
 			}
@@ -246,8 +252,10 @@ func (t *Transport) receive(cc *clientConn, req dtl.Request, dst *dtl.Sink) (inf
 			if sent != total {
 				return info, false, false, protoErr("server says it sent %d bytes, %d arrived", sent, total)
 			}
-			if err := dst.Truncate(info.Size); err != nil {
-				return info, false, false, err
+			if req.Len == 0 {
+				if err := dst.Truncate(info.Size); err != nil {
+					return info, false, false, err
+				}
 			}
 			// Anything after the end of a reply is out of step.
 			return info, cc.br.Buffered() == 0, false, nil

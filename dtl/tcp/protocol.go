@@ -35,7 +35,9 @@ import (
 // Requests, any number, one at a time, on an authenticated connection,
 // either a file:
 //
-//	C→S get        generation u64, path u16-string
+//	C→S get        generation u64, path u16-string, offset u64, length u64
+//	               (length 0: the whole file; otherwise only the chunks
+//	               of [offset, offset+length) follow the header)
 //	S→C error      code u16, versions u8-count + u16 each, message u16-string
 //	or
 //	S→C header     size i64, mode u32, uid u32, gid u32, mtime ns i64, generation u64,
@@ -63,12 +65,13 @@ import (
 // does.
 //
 // Version 1 had no msg and reply, and its MACs did not cover the node
-// names; version 2 had no checksum in the header. A peer of an older
+// names; version 2 had no checksum in the header; version 3 no range in
+// get. A peer of an older
 // version gets the version error.
 const (
 	magic = "dyadfs-dtl"
 	// protoVersion is the version this package speaks.
-	protoVersion = uint16(3)
+	protoVersion = uint16(4)
 	frameHeader  = 5
 	// maxFrame bounds every frame's payload: a peer announcing more
 	// breaks the protocol.
@@ -131,6 +134,7 @@ type authMsg struct {
 type getReq struct {
 	Generation uint64
 	Path       string
+	Off, Len   int64 // a range; Len 0: the whole file
 }
 
 type chunkHdr struct {
@@ -217,6 +221,8 @@ func appendGet(b []byte, g getReq) []byte {
 	b, s := beginFrame(b, tGet)
 	b = binary.BigEndian.AppendUint64(b, g.Generation)
 	b = appendStr16(b, g.Path)
+	b = binary.BigEndian.AppendUint64(b, uint64(g.Off))
+	b = binary.BigEndian.AppendUint64(b, uint64(g.Len))
 	return endFrame(b, s)
 }
 
@@ -409,6 +415,10 @@ func decodeGet(p []byte) (getReq, error) {
 		return getReq{}, protoErr("path of %d bytes exceeds %d", n, maxPath)
 	}
 	g.Path = string(d.take(n))
+	g.Off, g.Len = int64(d.u64()), int64(d.u64())
+	if d.err == nil && (g.Off < 0 || g.Len < 0) {
+		return getReq{}, protoErr("range of %d bytes at %d", g.Len, g.Off)
+	}
 	return g, d.finish(tGet)
 }
 

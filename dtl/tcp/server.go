@@ -267,7 +267,7 @@ func (sc *serverConn) answer(src dtl.Source, req getReq) bool {
 	// The end frame goes out only if the file is still what was described
 	// once its data is sent (see sendFile); otherwise a refusal replaces it.
 	unchanged := func() error { return src.Unchanged(f, info) }
-	err = sc.sendFile(f, info, regular, unchanged)
+	err = sc.sendFile(f, info, regular, req.Off, req.Len, unchanged)
 	var se *wire.SourceError
 	if errors.As(err, &se) {
 		// Told to the consumer in place of the end frame: the
@@ -345,7 +345,7 @@ func (sc *serverConn) refuseMessage(code uint16, reason string, level slog.Level
 // (unreadable, or busy if the file shrank) when f cannot be read to its
 // end: sendFile returns a *wire.SourceError then, and the connection stays in
 // step.
-func (sc *serverConn) sendFile(f *os.File, info dtl.FileInfo, regular bool, unchanged func() error) error {
+func (sc *serverConn) sendFile(f *os.File, info dtl.FileInfo, regular bool, rangeOff, rangeLen int64, unchanged func() error) error {
 	sc.conn.SetWriteDeadline(time.Now().Add(sc.t.cfg.StallTimeout))
 	sc.bw.Write(appendHeader(sc.out[:0], info))
 	var total int64
@@ -367,7 +367,15 @@ func (sc *serverConn) sendFile(f *os.File, info dtl.FileInfo, regular bool, unch
 		return nil
 	}
 	var err error
-	if regular && info.Size > smallChunk {
+	if rangeLen > 0 {
+		// A range: only the data extents inside it.
+		lo, hi := min(rangeOff, info.Size), min(rangeOff+rangeLen, info.Size)
+		if regular {
+			err = wire.DataExtentsIn(f, lo, hi, emit, func(err error) error { return err })
+		} else {
+			err = emit(0, info.Size) // only tests send other files
+		}
+	} else if regular && info.Size > smallChunk {
 		// A failed seek fails the connection, as a failed send does.
 		err = wire.DataExtents(f, info.Size, emit, func(err error) error { return err })
 	} else {

@@ -165,7 +165,7 @@ func TestRawClients(t *testing.T) {
 	})
 	t.Run("HelloTooShort", func(t *testing.T) {
 		r := rawDial(t, addr)
-		r.write(frame(tHello, []byte(magic+"\x00\x03short")))
+		r.write(frame(tHello, []byte(magic+"\x00\x04short")))
 		r.expectError(dtl.CodeProtocol)
 	})
 	t.Run("GetWithoutHandshake", func(t *testing.T) {

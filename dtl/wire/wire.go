@@ -162,25 +162,31 @@ func SeekFailed(f *os.File, err error, pad int64) *SourceError {
 // cannot tell, the whole file is one extent. A failed seek's error is what
 // seekErr makes of it (each transport reports it its own way).
 func DataExtents(f *os.File, size int64, emit func(off, n int64) error, seekErr func(error) error) error {
-	var off int64
-	for off < size {
+	return DataExtentsIn(f, 0, size, emit, seekErr)
+}
+
+// DataExtentsIn is DataExtents for the bytes [lo, hi) of f: a range of a
+// file read in ranges.
+func DataExtentsIn(f *os.File, lo, hi int64, emit func(off, n int64) error, seekErr func(error) error) error {
+	off := lo
+	for off < hi {
 		data, err := f.Seek(off, unix.SEEK_DATA)
 		switch {
 		case errors.Is(err, unix.ENXIO):
 			return nil // only a hole from off to the end
-		case err != nil && off == 0:
-			return emit(0, size) // no SEEK_DATA here
+		case err != nil && off == lo:
+			return emit(lo, hi-lo) // no SEEK_DATA here
 		case err != nil:
 			return seekErr(err)
-		case data >= size:
+		case data >= hi:
 			return nil
 		}
 		hole, err := f.Seek(data, unix.SEEK_HOLE)
 		if err != nil {
 			return seekErr(err)
 		}
-		if hole <= data || hole > size {
-			hole = size
+		if hole <= data || hole > hi {
+			hole = hi
 		}
 		if err := emit(data, hole-data); err != nil {
 			return err

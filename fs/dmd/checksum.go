@@ -155,9 +155,11 @@ func (d *DMD) checksum(rel string, fd int, st *syscall.Stat_t, inline *hfl.Inlin
 		}
 		defer f.Close()
 		opens := d.writeOpens.of(rel, IDOf(st))
-		if sum, err = digest.File(f, st.Size); err != nil {
+		blocks, err := digest.FileBlocks(f, st.Size)
+		if err != nil {
 			return sum, err
 		}
+		sum = digest.Combine(blocks)
 		var after syscall.Stat_t
 		if err := syscall.Fstat(int(f.Fd()), &after); err != nil {
 			return sum, err
@@ -168,6 +170,9 @@ func (d *DMD) checksum(rel string, fd int, st *syscall.Stat_t, inline *hfl.Inlin
 		if IDOf(&after) != IDOf(st) || after.Size != st.Size || after.Mtim != st.Mtim ||
 			d.writeOpens.of(rel, IDOf(st)) != opens || !d.completeAs(rel, &after) {
 			return digest.Sum{}, fmt.Errorf("%s: %w", rel, errChanged)
+		}
+		if st.Size >= blockListsMin {
+			d.blockLists.put(st, blocks) // for readers in ranges
 		}
 	}
 	d.stats.checksums.Add(1)

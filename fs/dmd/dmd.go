@@ -59,11 +59,13 @@ type Config struct {
 	// it for the others (see origin.go).
 	Origin        string
 	OriginPublish bool
+	// Ranges says which files of other nodes are read in ranges.
+	Ranges RangeConfig
 }
 
 // DefaultConfig returns the defaults; Backing and Node must still be set.
 func DefaultConfig() Config {
-	return Config{WaitLogAfter: 10 * time.Second, Cache: DefaultCacheConfig()}
+	return Config{WaitLogAfter: 10 * time.Second, Cache: DefaultCacheConfig(), Ranges: DefaultRangeConfig()}
 }
 
 // Validate checks the configuration.
@@ -123,6 +125,10 @@ type DMD struct {
 	fetcher *dtl.Fetcher // nil without a transport
 	stats   counters
 	sums    sumCache
+	// blockLists keeps the block hashes of large files published here;
+	// ranged, the files of other nodes read here in ranges.
+	blockLists blockLists
+	ranged     rangedFiles
 	ids     identities // inherited inode numbers (see identity.go)
 
 	// shutdown is closed, and life canceled, when the filesystem goes
@@ -314,6 +320,7 @@ func New(cfg Config, p Parts) (*DMD, error) {
 			d.closeFds()
 			return nil, err
 		}
+		d.loadRanged()
 	}
 	return d, nil
 }

@@ -24,6 +24,11 @@ var _ dtl.Destination = (*DMD)(nil)
 // write elsewhere); missing directories are made, owned like the file. It
 // never replaces anything.
 func (d *DMD) Install(tmp *os.File, v dtl.Version) error {
+	return d.installFrom(d.tempFd, tmp, v)
+}
+
+// installFrom is Install for tmp, a file of directory fromFd.
+func (d *DMD) installFrom(fromFd int, tmp *os.File, v dtl.Version) error {
 	rel, err := hfl.CleanPath(v.Path)
 	if err != nil || rel == InternalDir || strings.HasPrefix(rel, InternalDir+"/") {
 		return fmt.Errorf("install %q: %w", v.Path, hfl.ErrBadPath)
@@ -61,9 +66,13 @@ func (d *DMD) Install(tmp *os.File, v dtl.Version) error {
 	}
 	c := copyInfo{owner: v.Owner, gen: v.Info.Generation}
 	d.noteCopy(rel, c, &st)
-	if err := unix.Renameat2(d.tempFd, filepath.Base(tmp.Name()), dirfd, base, unix.RENAME_NOREPLACE); err != nil {
+	if err := unix.Renameat2(fromFd, filepath.Base(tmp.Name()), dirfd, base, unix.RENAME_NOREPLACE); err != nil {
 		d.copies.forgetIf(rel, c) // something else got there first
 		return fail(err)
+	}
+	if fromFd == d.tempFd {
+		// Fetched whole (prefetch, say): the later opens read this.
+		d.dropRanged(rel)
 	}
 	return nil
 }

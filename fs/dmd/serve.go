@@ -190,7 +190,10 @@ func sameVersion(rec hfl.Record, info dtl.FileInfo) bool {
 var _ dtl.MessageHandler = (*DMD)(nil)
 
 // HandleMessage implements dtl.MessageHandler: peers' messages are the
-// locator's notices.
+// locator's notices, and readers' requests for block hashes.
 func (d *DMD) HandleMessage(ctx context.Context, from string, msg []byte) ([]byte, error) {
+	if len(msg) > 0 && msg[0] == blockListMsg {
+		return d.answerBlockList(ctx, msg)
+	}
 	return d.loc.HandleMessage(ctx, from, msg)
 }

@@ -95,6 +95,8 @@ type Stats struct {
 	OriginPublished uint64 `json:"origin_published"`
 	// Cache is what the copies take against the capacity.
 	Cache CacheStats `json:"cache"`
+	// Ranged is what large files read in ranges fetched.
+	Ranged RangedStats `json:"ranged"`
 }
 
 // Stats returns a snapshot of the counters.
@@ -138,5 +140,6 @@ func (d *DMD) Stats() Stats {
 		OriginReads:      c.originReads.Load(),
 		OriginPublished:  c.originPublished.Load(),
 		Cache:            d.copies.stats(),
+		Ranged:           d.rangedStats(),
 	}
 }

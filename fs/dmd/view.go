@@ -404,6 +404,7 @@ func (d *DMD) Invalidated(rel string, rec hfl.Record, exists bool) {
 	if d.solo() {
 		return
 	}
+	d.rangedChanged(rel, rec, exists)
 	var st syscall.Stat_t
 	if err := d.back.Lstat(rel, &st); err != nil {
 		d.toldUnseen(rel) // shown from the namespace: its attributes changed

@@ -282,6 +282,21 @@ func (d *DMD) fetchLocated(ctx context.Context, rel string, rec hfl.Record, h he
 	if d.fetcher == nil {
 		return "", 0, fmt.Errorf("%s published by node %s: %w", rel, rec.Owner, ErrNoTransport)
 	}
+	switch _, err := d.openRanged(ctx, rel, rec); {
+	case err == nil:
+		d.loc.Hold(ctx, rel) // it must hear of changes
+		return d.BackingPath(rel), 0, nil
+	case errors.Is(err, dtl.ErrStale):
+		return "", rec.Generation, nil
+	case errors.Is(err, ErrNoRoom):
+		return "", 0, err
+	case !errors.Is(err, errNoRanges):
+		if ctx.Err() != nil {
+			return "", 0, d.waitErr(ctx)
+		}
+		d.stats.fetchErrors.Add(1)
+		return "", 0, fmt.Errorf("%w: %s from %s: %w", ErrFetch, rel, rec.Owner, err)
+	}
 	done, err := d.makeRoom(ctx, rel, rec.Size)
 	if err != nil {
 		return "", 0, err

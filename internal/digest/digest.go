@@ -130,6 +130,31 @@ var ErrShort = errors.New("file is shorter than its size")
 // pread, on up to GOMAXPROCS goroutines. Blocks that are all hole (lseek
 // SEEK_DATA) are not read; f's offset moves.
 func File(f *os.File, size int64) (Sum, error) {
+	blocks, err := FileBlocks(f, size)
+	if err != nil {
+		return Sum{}, err
+	}
+	return combine(blocks), nil
+}
+
+// Combine returns the checksum of a file whose block hashes are blocks:
+// what a consumer that reads a file in ranges checks the owner's list of
+// block hashes against.
+func Combine(blocks []uint64) Sum { return combine(blocks) }
+
+// Block returns the hash of one block's bytes (BlockSize of them, or
+// fewer for a file's last block).
+func Block(p []byte) uint64 { return xxh3.Hash(p) }
+
+// NumBlocks is how many blocks a file of size bytes has.
+func NumBlocks(size int64) int64 { return numBlocks(size) }
+
+// BlockLen is the length of block i of a file of size bytes.
+func BlockLen(i, size int64) int64 { return blockLen(i, size) }
+
+// FileBlocks returns the hashes of the blocks of f's first size bytes, as
+// File reads them.
+func FileBlocks(f *os.File, size int64) ([]uint64, error) {
 	n := numBlocks(size)
 	blocks := make([]uint64, n)
 	workers := int64(min(runtime.GOMAXPROCS(0), 4))
@@ -153,9 +178,9 @@ func File(f *os.File, size int64) (Sum, error) {
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return Sum{}, err
+		return nil, err
 	}
-	return combine(blocks), nil
+	return blocks, nil
 }
 
 // hashBlock hashes block i of a file of size bytes, read from f into buf.

@@ -1,0 +1,217 @@
+package dmd
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+
+	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/internal/digest"
+)
+
+// A node that reads a large file in ranges checks each block it receives
+// against the block's hash (see internal/digest): the owner sends the list
+// of block hashes in messages, and the reader checks the list against the
+// checksum the record carries before it trusts any of it.
+
+// blockListMsg is the first byte of a request for block hashes: notices
+// start with their codec's version (1), so the two never meet.
+const blockListMsg = 0xB1
+
+// blockListMax is how many hashes one reply carries (a reply is at most
+// dtl.MaxMessage bytes).
+const blockListMax = 7000
+
+// blockListsMin is the smallest file whose block hashes the owner keeps
+// when it publishes it: smaller files are not read in ranges.
+const blockListsMin = 8 << 20
+
+// blockListsBytes bounds the memory the kept lists take.
+const blockListsBytes = 32 << 20
+
+// blockLists keeps the block hashes of large files computed to publish
+// them, by file and stamp, so that a reader's request for them does not
+// read the file again.
+type blockLists struct {
+	mu    sync.Mutex
+	m     map[FileID]keptBlocks
+	bytes int
+}
+
+type keptBlocks struct {
+	stamp  fileStamp
+	blocks []uint64
+}
+
+func (b *blockLists) get(st *syscall.Stat_t) ([]uint64, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e, ok := b.m[IDOf(st)]
+	if !ok || e.stamp != stampOf(st) {
+		return nil, false
+	}
+	return e.blocks, true
+}
+
+func (b *blockLists) put(st *syscall.Stat_t, blocks []uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m == nil || b.bytes+8*len(blocks) > blockListsBytes {
+		b.m, b.bytes = make(map[FileID]keptBlocks), 0
+	}
+	if old, ok := b.m[IDOf(st)]; ok {
+		b.bytes -= 8 * len(old.blocks)
+	}
+	b.m[IDOf(st)] = keptBlocks{stamp: stampOf(st), blocks: blocks}
+	b.bytes += 8 * len(blocks)
+}
+
+// blockListReq asks for the hashes of blocks [First, First+blockListMax)
+// of version Gen of Path.
+type blockListReq struct {
+	Gen   uint64
+	First uint32
+	Path  string
+}
+
+func encodeBlockListReq(r blockListReq) []byte {
+	b := []byte{blockListMsg}
+	b = binary.BigEndian.AppendUint64(b, r.Gen)
+	b = binary.BigEndian.AppendUint32(b, r.First)
+	return append(b, r.Path...)
+}
+
+func decodeBlockListReq(b []byte) (blockListReq, error) {
+	if len(b) < 14 || b[0] != blockListMsg {
+		return blockListReq{}, fmt.Errorf("%w: short block list request", dtl.ErrProtocol)
+	}
+	return blockListReq{Gen: binary.BigEndian.Uint64(b[1:]), First: binary.BigEndian.Uint32(b[9:]), Path: string(b[13:])}, nil
+}
+
+// blockListReply: the version's generation and size, how many blocks the
+// file has, and the hashes from the first asked for.
+type blockListReply struct {
+	Gen    uint64
+	Size   int64
+	Total  uint32
+	First  uint32
+	Hashes []uint64
+}
+
+func encodeBlockListReply(r blockListReply) []byte {
+	b := make([]byte, 0, 24+8*len(r.Hashes))
+	b = binary.BigEndian.AppendUint64(b, r.Gen)
+	b = binary.BigEndian.AppendUint64(b, uint64(r.Size))
+	b = binary.BigEndian.AppendUint32(b, r.Total)
+	b = binary.BigEndian.AppendUint32(b, r.First)
+	for _, h := range r.Hashes {
+		b = binary.BigEndian.AppendUint64(b, h)
+	}
+	return b
+}
+
+func decodeBlockListReply(b []byte) (blockListReply, error) {
+	if len(b) < 24 || (len(b)-24)%8 != 0 {
+		return blockListReply{}, fmt.Errorf("%w: block list reply of %d bytes", dtl.ErrProtocol, len(b))
+	}
+	r := blockListReply{Gen: binary.BigEndian.Uint64(b), Size: int64(binary.BigEndian.Uint64(b[8:])),
+		Total: binary.BigEndian.Uint32(b[16:]), First: binary.BigEndian.Uint32(b[20:])}
+	for p := b[24:]; len(p) > 0; p = p[8:] {
+		r.Hashes = append(r.Hashes, binary.BigEndian.Uint64(p))
+	}
+	return r, nil
+}
+
+// answerBlockList answers a reader's request for block hashes of a file
+// this node published: the version asked for exactly (a reader in ranges
+// cannot mix two), with a checksum, and hashes that make it.
+func (d *DMD) answerBlockList(ctx context.Context, msg []byte) ([]byte, error) {
+	req, err := decodeBlockListReq(msg)
+	if err != nil {
+		return nil, err
+	}
+	if req.Gen == 0 {
+		return nil, fmt.Errorf("%s: %w: no generation asked for", req.Path, dtl.ErrProtocol)
+	}
+	f, info, err := d.OpenPublished(ctx, dtl.Request{Path: req.Path, Generation: req.Gen})
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if info.Generation != req.Gen {
+		return nil, fmt.Errorf("%s: generation %d asked for, %d published: %w", req.Path, req.Gen, info.Generation, dtl.ErrNotPublished)
+	}
+	if info.Checksum.IsZero() {
+		return nil, fmt.Errorf("%s was published without a checksum: %w", req.Path, dtl.ErrUnreadable)
+	}
+	blocks, err := d.blocksOf(f, info)
+	if err != nil {
+		return nil, err
+	}
+	total := uint32(len(blocks))
+	if req.First > total {
+		return nil, fmt.Errorf("%w: block %d of a %d-block file", dtl.ErrProtocol, req.First, total)
+	}
+	end := min(total, req.First+blockListMax)
+	return encodeBlockListReply(blockListReply{Gen: info.Generation, Size: info.Size, Total: total, First: req.First, Hashes: blocks[req.First:end]}), nil
+}
+
+// blocksOf returns the block hashes of f, the published file info
+// describes: kept from its publish, or computed again and checked against
+// its checksum (a file whose bytes changed on the disk since is
+// unreadable: what it holds is not what was published).
+func (d *DMD) blocksOf(f *os.File, info dtl.FileInfo) ([]uint64, error) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, err
+	}
+	if blocks, ok := d.blockLists.get(&st); ok && digest.Combine(blocks) == info.Checksum {
+		return blocks, nil
+	}
+	blocks, err := digest.FileBlocks(f, info.Size)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", dtl.ErrUnreadable, err)
+	}
+	if digest.Combine(blocks) != info.Checksum {
+		return nil, fmt.Errorf("%s does not match its published checksum: %w", f.Name(), dtl.ErrUnreadable)
+	}
+	d.blockLists.put(&st, blocks)
+	return blocks, nil
+}
+
+// fetchBlockList asks v's owner for the hashes of all its blocks and
+// checks them against v's checksum.
+func (d *DMD) fetchBlockList(ctx context.Context, v dtl.Version) ([]uint64, error) {
+	n := digest.NumBlocks(v.Info.Size)
+	blocks := make([]uint64, 0, n)
+	for int64(len(blocks)) < n || n == 0 {
+		msg := encodeBlockListReq(blockListReq{Gen: v.Info.Generation, First: uint32(len(blocks)), Path: v.Path})
+		b, err := d.fetcher.Message(ctx, v.Owner, msg)
+		if err != nil {
+			return nil, fmt.Errorf("block hashes of %s from %s: %w", v.Path, v.Owner, err)
+		}
+		r, err := decodeBlockListReply(b)
+		if err != nil {
+			return nil, err
+		}
+		if r.Gen != v.Info.Generation || r.Size != v.Info.Size || int64(r.Total) != n || int(r.First) != len(blocks) || len(r.Hashes) == 0 && n > 0 {
+			return nil, fmt.Errorf("block hashes of %s from %s: generation %d, %d bytes, %d blocks from %d; asked for generation %d, %d bytes: %w",
+				v.Path, v.Owner, r.Gen, r.Size, r.Total, r.First, v.Info.Generation, v.Info.Size, dtl.ErrStale)
+		}
+		blocks = append(blocks, r.Hashes...)
+		if n == 0 {
+			break
+		}
+	}
+	if int64(len(blocks)) != n || digest.Combine(blocks) != v.Info.Checksum {
+		return nil, fmt.Errorf("block hashes of %s from %s: %w", v.Path, v.Owner, dtl.ErrCorrupt)
+	}
+	return blocks, nil
+}
+
+// errNoRanges: a file that is not read in ranges after all.
+var errNoRanges = errors.New("not read in ranges")

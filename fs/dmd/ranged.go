@@ -1,0 +1,851 @@
+package dmd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/zeebo/xxh3"
+	"golang.org/x/sys/unix"
+
+	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/hfl"
+	"github.com/dyadfs/dyadfs/internal/digest"
+)
+
+// A large file of another node can be read in ranges: its open returns
+// once the record is known, and reads fetch the blocks they touch (with
+// read-ahead when the reads are sequential). Until every block is here the
+// file lives apart from the backing directory, in the ranged directory
+// (.dyadfs/ranged-NODE): data file, a description of the version, and one
+// byte per block saying which blocks arrived verified. Nothing else of
+// dyadfs sees it, so a file that is partly here is never served, shown or
+// fetched as whole. Once every block is here it is installed as any
+// fetched copy is, and later opens pass through to it.
+
+// RangeConfig says which files are read in ranges.
+type RangeConfig struct {
+	// Threshold: files of at least this many bytes are read in ranges;
+	// 0: none.
+	Threshold int64
+	// ReadAhead bounds how far ahead of sequential reads blocks are
+	// fetched.
+	ReadAhead int64
+	// Fill fetches the rest of a file read in ranges in the background.
+	Fill bool
+}
+
+// DefaultRangeConfig returns the defaults.
+func DefaultRangeConfig() RangeConfig {
+	return RangeConfig{Threshold: 256 << 20, ReadAhead: 8 << 20}
+}
+
+// Block states, one byte each in the map file.
+const (
+	blockMissing = 0
+	blockHere    = 1 // arrived and verified (checked again after a restart)
+)
+
+// rangedMeta is what the description file holds.
+type rangedMeta struct {
+	Path    string     `json:"path"`
+	Owner   string     `json:"owner"`
+	Gen     uint64     `json:"generation"`
+	Size    int64      `json:"size"`
+	Mode    uint32     `json:"mode"`
+	Uid     uint32     `json:"uid"`
+	Gid     uint32     `json:"gid"`
+	MtimeNs int64      `json:"mtime_ns"`
+	Sum     digest.Sum `json:"sum"`
+	Ino     uint64     `json:"ino"`
+	Blocks  []uint64   `json:"blocks"`
+}
+
+// RangedFile is a file of another node read in ranges.
+type RangedFile struct {
+	d      *DMD
+	key    string
+	meta   rangedMeta
+	data   *os.File
+	have   *os.File
+	rec    hfl.Record
+	unroom func() // gives back the room reserved for it
+
+	mu       sync.Mutex
+	state    []byte // per block: blockMissing, blockHere
+	checked  []bool // verified since this daemon started
+	inflight map[int64]chan struct{}
+	here     int64
+	opens    int
+	gone     bool // replaced or dropped: its files go with the last handle
+	whole    bool // installed at its path
+	filling  bool
+	failed   error // the owner no longer has this version
+}
+
+// rangedFiles are the files read in ranges, by path.
+type rangedFiles struct {
+	mu sync.Mutex
+	m  map[string]*RangedFile
+	// counters
+	opened, installed, corrupt atomic.Uint64
+}
+
+func (d *DMD) rangedDir() string { return filepath.Join(d.internalPath(), "ranged-"+d.cfg.Node) }
+
+// readsInRanges reports whether rec's file is read in ranges here.
+func (d *DMD) readsInRanges(rec hfl.Record) bool {
+	c := d.cfg.Ranges
+	return c.Threshold > 0 && rec.Size >= c.Threshold && !rec.Sum.IsZero() && rec.Inline == nil &&
+		rec.Mode&syscall.S_IFMT == syscall.S_IFREG && d.fetcher != nil && d.fetcher.FetchesRanges() &&
+		!d.cfg.SharedStorage && rec.Owner != d.cfg.Node && !rec.Writing && rec.Generation > 0
+}
+
+// rangedSlot, in a wait's context, receives the file the wait opened in
+// ranges, for an open that can read it so.
+type rangedSlot struct{ f *RangedFile }
+
+type rangedSlotKey struct{}
+
+// WaitOpen is WaitPath for an open that reads: a large file of another
+// node is not fetched but opened in ranges, and returned (to be released
+// with Release); otherwise the backing path of the file, complete here.
+func (d *DMD) WaitOpen(ctx context.Context, rel string, tid uint32) (string, *RangedFile, error) {
+	slot := &rangedSlot{}
+	p, err := d.WaitPath(context.WithValue(ctx, rangedSlotKey{}, slot), rel, tid)
+	if err != nil {
+		if slot.f != nil {
+			slot.f.Release()
+		}
+		return "", nil, err
+	}
+	return p, slot.f, nil
+}
+
+// openRanged opens rec's file in ranges for a wait whose context asks for
+// it; errNoRanges if it does not, or the owner cannot give block hashes.
+func (d *DMD) openRanged(ctx context.Context, rel string, rec hfl.Record) (*RangedFile, error) {
+	slot, ok := ctx.Value(rangedSlotKey{}).(*rangedSlot)
+	if !ok || !d.readsInRanges(rec) {
+		return nil, errNoRanges
+	}
+	rs := &d.ranged
+	rs.mu.Lock()
+	if f := rs.m[rel]; f != nil {
+		if f.meta.Owner == rec.Owner && f.meta.Gen == rec.Generation {
+			f.mu.Lock()
+			ok := !f.gone && f.failed == nil
+			if ok {
+				f.opens++
+			}
+			f.mu.Unlock()
+			if ok {
+				rs.mu.Unlock()
+				slot.f = f
+				return f, nil
+			}
+		}
+		delete(rs.m, rel)
+		f.drop()
+	}
+	rs.mu.Unlock()
+	f, err := d.newRanged(ctx, rel, rec)
+	if err != nil {
+		return nil, err
+	}
+	rs.mu.Lock()
+	if other := rs.m[rel]; other != nil {
+		// Another open made one meanwhile: that one.
+		rs.mu.Unlock()
+		f.opens = 0
+		f.drop()
+		return d.openRanged(ctx, rel, rec)
+	}
+	if rs.m == nil {
+		rs.m = make(map[string]*RangedFile)
+	}
+	rs.m[rel] = f
+	rs.mu.Unlock()
+	rs.opened.Add(1)
+	slot.f = f
+	d.log.Debug("opened in ranges", "path", rel, "owner", rec.Owner, "size", rec.Size)
+	if d.cfg.Ranges.Fill {
+		f.fillAside()
+	}
+	return f, nil
+}
+
+// newRanged makes the files of a file read in ranges, with one open.
+func (d *DMD) newRanged(ctx context.Context, rel string, rec hfl.Record) (*RangedFile, error) {
+	v := versionOf(rec)
+	blocks, err := d.fetchBlockList(ctx, v)
+	switch {
+	case errors.Is(err, dtl.ErrStale), errors.Is(err, dtl.ErrNotPublished), errors.Is(err, dtl.ErrNotFound), errors.Is(err, dtl.ErrBusy):
+		return nil, fmt.Errorf("%w: %w", dtl.ErrStale, err)
+	case errors.Is(err, dtl.ErrCorrupt):
+		return nil, err
+	case err != nil:
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		d.log.Info("cannot read in ranges; fetching whole", "path", rel, "owner", rec.Owner, "err", err)
+		return nil, errNoRanges
+	}
+	unroom, err := d.makeRoom(ctx, rel, rec.Size)
+	if err != nil {
+		return nil, err
+	}
+	meta := rangedMeta{Path: rel, Owner: rec.Owner, Gen: rec.Generation, Size: rec.Size, Mode: rec.Mode, Uid: rec.Uid, Gid: rec.Gid,
+		MtimeNs: rec.MtimeNs, Sum: rec.Sum, Ino: rec.InodeNumber(), Blocks: blocks}
+	if dir := path.Dir(rel); dir != "." {
+		// Made as an install makes them: the caller's permission to
+		// search them is checked at open.
+		if fd, err := d.dirBeneath(dir, rec.Uid, rec.Gid); err == nil {
+			unix.Close(fd)
+		}
+	}
+	f, err := d.createRanged(meta)
+	if err != nil {
+		unroom()
+		return nil, fmt.Errorf("%s: %w", rel, err)
+	}
+	f.unroom, f.rec, f.opens = unroom, rec, 1
+	return f, nil
+}
+
+// rangedKey names the files of one version read in ranges.
+func rangedKey(rel string, gen uint64) string {
+	return fmt.Sprintf("%016x-%d", xxh3.HashString(rel), gen)
+}
+
+// createRanged makes the three files of meta's version.
+func (d *DMD) createRanged(meta rangedMeta) (*RangedFile, error) {
+	dir := d.rangedDir()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	key := rangedKey(meta.Path, meta.Gen)
+	base := filepath.Join(dir, key)
+	for _, ext := range []string{"", ".map", ".json"} {
+		os.Remove(base + ext) // left by a version dropped while a daemon died
+	}
+	data, err := os.OpenFile(base, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	f := &RangedFile{d: d, key: key, meta: meta, data: data}
+	fail := func(err error) (*RangedFile, error) {
+		f.removeFiles()
+		return nil, err
+	}
+	if err := data.Truncate(meta.Size); err != nil {
+		return fail(err)
+	}
+	// The owner's attributes, so that the caller's permission to read
+	// is checked against them, and the copy installed keeps them.
+	if os.Geteuid() == 0 {
+		if err := data.Chown(int(meta.Uid), int(meta.Gid)); err != nil {
+			return fail(err)
+		}
+	}
+	if err := syscall.Fchmod(int(data.Fd()), meta.Mode&0o1777); err != nil {
+		return fail(err)
+	}
+	n := digest.NumBlocks(meta.Size)
+	if f.have, err = os.OpenFile(base+".map", os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600); err != nil {
+		return fail(err)
+	}
+	if err := f.have.Truncate(n); err != nil {
+		return fail(err)
+	}
+	js, err := json.Marshal(meta)
+	if err != nil {
+		return fail(err)
+	}
+	// The description last: a version without one is not taken up
+	// again after a restart.
+	if err := os.WriteFile(base+".json.tmp", js, 0o600); err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(base+".json.tmp", base+".json"); err != nil {
+		return fail(err)
+	}
+	f.state, f.checked = make([]byte, n), make([]bool, n)
+	f.inflight = make(map[int64]chan struct{})
+	return f, nil
+}
+
+// loadRanged takes up, at start, the files read in ranges when the last
+// daemon stopped: the blocks here are kept (and checked again at their
+// first read), for the next open of the same version.
+func (d *DMD) loadRanged() {
+	dir := d.rangedDir()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	d.ranged.mu.Lock()
+	defer d.ranged.mu.Unlock()
+	if d.ranged.m == nil {
+		d.ranged.m = make(map[string]*RangedFile)
+	}
+	for _, e := range ents {
+		name := e.Name()
+		key, ok := strings.CutSuffix(name, ".json")
+		if !ok {
+			continue
+		}
+		f, err := d.loadOneRanged(dir, key)
+		if err != nil {
+			d.log.Warn("dropping a file read in ranges that cannot be taken up again", "file", name, "err", err)
+			for _, ext := range []string{"", ".map", ".json"} {
+				os.Remove(filepath.Join(dir, key+ext))
+			}
+			continue
+		}
+		if old := d.ranged.m[f.meta.Path]; old != nil && old.meta.Gen > f.meta.Gen {
+			f.removeFiles()
+			continue
+		} else if old != nil {
+			old.removeFiles()
+		}
+		d.ranged.m[f.meta.Path] = f
+	}
+	for _, e := range ents { // left by a daemon that died making one
+		if k, ok := strings.CutSuffix(e.Name(), ".json.tmp"); ok {
+			for _, ext := range []string{"", ".map", ".json.tmp"} {
+				os.Remove(filepath.Join(dir, k+ext))
+			}
+		}
+	}
+}
+
+func (d *DMD) loadOneRanged(dir, key string) (*RangedFile, error) {
+	base := filepath.Join(dir, key)
+	js, err := os.ReadFile(base + ".json")
+	if err != nil {
+		return nil, err
+	}
+	var meta rangedMeta
+	if err := json.Unmarshal(js, &meta); err != nil {
+		return nil, err
+	}
+	n := digest.NumBlocks(meta.Size)
+	if int64(len(meta.Blocks)) != n || digest.Combine(meta.Blocks) != meta.Sum || rangedKey(meta.Path, meta.Gen) != key {
+		return nil, errors.New("its description does not hold together")
+	}
+	f := &RangedFile{d: d, key: key, meta: meta, inflight: make(map[int64]chan struct{}), checked: make([]bool, n)}
+	if f.data, err = os.OpenFile(base, os.O_RDWR, 0); err != nil {
+		return nil, err
+	}
+	if f.have, err = os.OpenFile(base+".map", os.O_RDWR, 0); err != nil {
+		f.data.Close()
+		return nil, err
+	}
+	f.state = make([]byte, n)
+	if _, err := io.ReadFull(f.have, f.state); err != nil {
+		f.data.Close()
+		f.have.Close()
+		return nil, fmt.Errorf("block map: %w", err)
+	}
+	for _, s := range f.state {
+		if s == blockHere {
+			f.here++
+		}
+	}
+	f.unroom = func() {}
+	f.rec = hfl.Record{Path: meta.Path, Owner: meta.Owner, Generation: meta.Gen, Size: meta.Size, Mode: meta.Mode,
+		Uid: meta.Uid, Gid: meta.Gid, MtimeNs: meta.MtimeNs, Sum: meta.Sum, Ino: meta.Ino}
+	return f, nil
+}
+
+// Record is the record of the version read.
+func (f *RangedFile) Record() hfl.Record { return f.rec }
+
+// Data is the file the blocks are in, for permission checks and stat.
+func (f *RangedFile) Data() *os.File { return f.data }
+
+// Release ends one open of the file.
+func (f *RangedFile) Release() {
+	f.mu.Lock()
+	f.opens--
+	last := f.opens == 0 && f.gone && !f.filling
+	f.mu.Unlock()
+	if last {
+		f.removeFiles()
+	}
+}
+
+// drop takes the file out of use: a newer version replaced it, or it was
+// installed. Its files go with its last open.
+func (f *RangedFile) drop() {
+	f.mu.Lock()
+	f.gone = true
+	last := f.opens == 0 && !f.filling
+	f.mu.Unlock()
+	if last {
+		f.removeFiles()
+	}
+}
+
+// removeFiles removes the files of a version no longer read (the data
+// file too, unless it was installed).
+func (f *RangedFile) removeFiles() {
+	base := filepath.Join(f.d.rangedDir(), f.key)
+	f.mu.Lock()
+	whole := f.whole
+	f.mu.Unlock()
+	if !whole && f.data != nil {
+		os.Remove(base)
+	}
+	os.Remove(base + ".map")
+	os.Remove(base + ".json")
+	if f.data != nil {
+		f.data.Close()
+	}
+	if f.have != nil {
+		f.have.Close()
+	}
+	if f.unroom != nil {
+		f.unroom()
+	}
+}
+
+// ReadCursor is what one handle's reads looked like, for read-ahead.
+type ReadCursor struct {
+	next   int64 // the block after the last one read
+	streak int   // blocks reached in order in a row
+	window int64 // blocks kept fetched ahead while the reads go on in order
+}
+
+// advance notes a read of blocks first..last and returns how many blocks
+// to keep fetched ahead of it. Reads go ahead only once the reads reached
+// two new blocks in order: a read at random, and the kernel's read-ahead
+// past it, fetch only what they touch.
+func (cur *ReadCursor) advance(first, last, most int64) int64 {
+	switch {
+	case first+1 == cur.next && last < cur.next:
+		// Within the block read last.
+	case first == cur.next || first+1 == cur.next:
+		cur.streak++
+	default:
+		cur.streak, cur.window = 0, 0
+	}
+	cur.next = last + 1
+	if cur.streak < 2 {
+		return 0
+	}
+	cur.window = min(max(2, 2*cur.window), max(1, most))
+	return cur.window
+}
+
+// ReadAt reads p at off, fetching the blocks it touches that are not here
+// yet. The wait, of thread tid, is bounded and listed as any wait is, and
+// ends with the caller's context. A block that does not match its hash is
+// an I/O error, and is not kept.
+func (f *RangedFile) ReadAt(ctx context.Context, p []byte, off int64, tid uint32, cur *ReadCursor) (int, error) {
+	size := f.meta.Size
+	if off >= size || len(p) == 0 {
+		return 0, nil
+	}
+	end := min(off+int64(len(p)), size)
+	first, last := off/digest.BlockSize, (end-1)/digest.BlockSize
+	ahead := int64(0)
+	if cur != nil {
+		ahead = cur.advance(first, last, f.d.cfg.Ranges.ReadAhead/digest.BlockSize)
+	}
+	if err := f.ensure(ctx, first, last, ahead, tid); err != nil {
+		return 0, err
+	}
+	n, err := f.data.ReadAt(p[:end-off], off)
+	if err == io.EOF {
+		err = nil
+	}
+	return n, err
+}
+
+// ensure makes blocks first..last here and verified, fetching those that
+// are missing (and, ahead of last, up to ahead more, aside).
+func (f *RangedFile) ensure(ctx context.Context, first, last, ahead int64, tid uint32) error {
+	var endWait func()
+	defer func() {
+		if endWait != nil {
+			endWait()
+		}
+	}()
+	for attempt := 0; ; attempt++ {
+		f.mu.Lock()
+		if f.failed != nil {
+			err := f.failed
+			f.mu.Unlock()
+			return err
+		}
+		var waitFor []chan struct{}
+		var runs [][2]int64
+		var recheck []int64
+		for i := first; i <= last; i++ {
+			switch {
+			case f.inflight[i] != nil:
+				waitFor = append(waitFor, f.inflight[i])
+			case f.state[i] == blockHere && !f.checked[i]:
+				recheck = append(recheck, i)
+			case f.state[i] != blockHere:
+				if n := len(runs); n > 0 && runs[n-1][1] == i {
+					runs[n-1][1] = i + 1
+				} else {
+					runs = append(runs, [2]int64{i, i + 1})
+				}
+			}
+		}
+		for _, r := range runs {
+			f.claimLocked(r[0], r[1])
+		}
+		aheadRun := f.claimAheadLocked(last+1, ahead)
+		f.mu.Unlock()
+		if aheadRun[1] > aheadRun[0] {
+			go f.fetchRun(f.d.life, aheadRun[0], aheadRun[1])
+		}
+		if len(runs) == 0 && len(waitFor) == 0 && len(recheck) == 0 {
+			return nil
+		}
+		if attempt > 3 {
+			for _, r := range runs {
+				f.unclaim(r[0], r[1], nil)
+			}
+			return fmt.Errorf("%s: blocks %d to %d could not be fetched: %w", f.meta.Path, first, last, dtl.ErrCorrupt)
+		}
+		if endWait == nil && (len(runs) > 0 || len(waitFor) > 0) {
+			var wctx context.Context
+			var cancel context.CancelFunc
+			wctx, cancel = f.d.waitContext(ctx)
+			done, _ := f.d.startWait(f.meta.Path, tid, "range")
+			ctx = wctx
+			endWait = func() { done(); cancel() }
+		}
+		var err error
+		for i, r := range runs {
+			if err = f.fetchRun(ctx, r[0], r[1]); err != nil {
+				for _, r := range runs[i+1:] {
+					f.unclaim(r[0], r[1], nil)
+				}
+				break
+			}
+		}
+		if err != nil {
+			return err
+		}
+		for _, i := range recheck {
+			if err := f.recheck(i); err != nil {
+				return err
+			}
+		}
+		for _, ch := range waitFor {
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return f.d.waitErr(ctx)
+			}
+		}
+	}
+}
+
+// claimLocked marks blocks [a, b) as being fetched.
+func (f *RangedFile) claimLocked(a, b int64) {
+	ch := make(chan struct{})
+	for i := a; i < b; i++ {
+		f.inflight[i] = ch
+	}
+}
+
+// claimAheadLocked keeps up to n blocks from a on here or being fetched:
+// once fewer than half of them are, it claims the missing ones, in one
+// run, and returns it.
+func (f *RangedFile) claimAheadLocked(a, n int64) [2]int64 {
+	end := min(a+n, int64(len(f.state)))
+	covered := int64(0)
+	for i := a; i < end; i++ {
+		if f.state[i] == blockHere || f.inflight[i] != nil {
+			covered++
+		}
+	}
+	if n == 0 || covered >= (end-a+1)/2 && covered > 0 {
+		return [2]int64{a, a}
+	}
+	return f.claimRunLocked(a, end)
+}
+
+// claimRunLocked claims the first run of missing blocks in [a, end).
+func (f *RangedFile) claimRunLocked(a, end int64) [2]int64 {
+	for a < end && (f.state[a] == blockHere || f.inflight[a] != nil) {
+		a++
+	}
+	b := a
+	for b < end && f.state[b] != blockHere && f.inflight[b] == nil {
+		b++
+	}
+	if b > a {
+		f.claimLocked(a, b)
+	}
+	return [2]int64{a, b}
+}
+
+// unclaim ends the fetch of blocks [a, b); ok says which arrived.
+func (f *RangedFile) unclaim(a, b int64, ok []bool) {
+	f.mu.Lock()
+	ch := f.inflight[a]
+	for i := a; i < b; i++ {
+		delete(f.inflight, i)
+		if ok != nil && ok[i-a] && f.state[i] != blockHere {
+			f.state[i], f.checked[i] = blockHere, true
+			f.here++
+		}
+	}
+	whole := f.here == int64(len(f.state)) && !f.whole && !f.gone
+	f.mu.Unlock()
+	if ch != nil {
+		close(ch)
+	}
+	if whole {
+		f.install()
+	}
+}
+
+// fetchRun fetches blocks [a, b), claimed, and keeps those that match
+// their hashes.
+func (f *RangedFile) fetchRun(ctx context.Context, a, b int64) error {
+	size := f.meta.Size
+	off, end := a*digest.BlockSize, min(b*digest.BlockSize, size)
+	v := versionOf(f.rec)
+	// A descriptor of its own: a transport writes at the file's offset
+	// (splice), and other runs are fetched at the same time.
+	dst, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.data.Fd()), os.O_RDWR, 0)
+	if err != nil {
+		f.unclaim(a, b, nil)
+		return fmt.Errorf("%s: %w", f.meta.Path, err)
+	}
+	info, err := f.d.fetcher.FetchRange(ctx, v, off, end-off, dst)
+	dst.Close()
+	if err == nil && (info.Generation != f.meta.Gen || info.Size != size || info.Checksum != f.meta.Sum) {
+		err = fmt.Errorf("%s: its owner has generation %d now, not %d: %w", f.meta.Path, info.Generation, f.meta.Gen, dtl.ErrStale)
+	}
+	if err != nil {
+		if errors.Is(err, dtl.ErrStale) || classifyGone(err) {
+			f.mu.Lock()
+			f.failed = fmt.Errorf("%s was replaced on %s while it was read here in ranges; open it again: %w", f.meta.Path, f.meta.Owner, ErrFetch)
+			f.mu.Unlock()
+		}
+		f.punch(off, end-off)
+		f.unclaim(a, b, nil)
+		if ctx.Err() != nil {
+			return f.d.waitErr(ctx)
+		}
+		f.d.log.Warn("range fetch failed", "path", f.meta.Path, "owner", f.meta.Owner, "off", off, "len", end-off, "err", err)
+		return fmt.Errorf("%w: %s from %s: %w", ErrFetch, f.meta.Path, f.meta.Owner, err)
+	}
+	ok := make([]bool, b-a)
+	buf := make([]byte, digest.BlockSize)
+	var bad error
+	for i := a; i < b; i++ {
+		l := digest.BlockLen(i, size)
+		if _, err := f.data.ReadAt(buf[:l], i*digest.BlockSize); err != nil && err != io.EOF {
+			bad = err
+			break
+		}
+		if digest.Block(buf[:l]) != f.meta.Blocks[i] {
+			f.d.ranged.corrupt.Add(1)
+			f.d.fetcher.Stats().Corrupt.Add(1)
+			f.d.log.Error("block does not match its published hash; not kept", "path", f.meta.Path, "owner", f.meta.Owner,
+				"node", f.d.cfg.Node, "block", i, "off", i*digest.BlockSize)
+			f.punch(i*digest.BlockSize, l)
+			bad = fmt.Errorf("%w: %s block %d from %s: %w", ErrFetch, f.meta.Path, i, f.meta.Owner, dtl.ErrCorrupt)
+			continue
+		}
+		ok[i-a] = true
+	}
+	for i := a; i < b; i++ {
+		if ok[i-a] {
+			f.have.WriteAt([]byte{blockHere}, i)
+		}
+	}
+	f.unclaim(a, b, ok)
+	return bad
+}
+
+func classifyGone(err error) bool { return errors.Is(err, dtl.ErrNotFound) || errors.Is(err, dtl.ErrNotPublished) }
+
+// recheck verifies block i, here since before this daemon started: its
+// bytes may not have reached the disk before a crash.
+func (f *RangedFile) recheck(i int64) error {
+	l := digest.BlockLen(i, f.meta.Size)
+	buf := make([]byte, l)
+	_, err := f.data.ReadAt(buf, i*digest.BlockSize)
+	if err != nil && err != io.EOF {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if digest.Block(buf) == f.meta.Blocks[i] {
+		f.checked[i] = true
+		return nil
+	}
+	// Lost: fetched again.
+	f.state[i] = blockMissing
+	f.here--
+	f.have.WriteAt([]byte{blockMissing}, i)
+	return nil
+}
+
+// punch gives back the space of bytes that are not kept.
+func (f *RangedFile) punch(off, n int64) {
+	unix.Fallocate(int(f.data.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+}
+
+// fillAside fetches the blocks still missing, in order, aside.
+func (f *RangedFile) fillAside() {
+	f.mu.Lock()
+	if f.filling {
+		f.mu.Unlock()
+		return
+	}
+	f.filling = true
+	f.mu.Unlock()
+	go func() {
+		window := max(1, f.d.cfg.Ranges.ReadAhead/digest.BlockSize)
+		for i := int64(0); i < int64(len(f.state)); {
+			f.mu.Lock()
+			stop := f.gone || f.failed != nil
+			var run [2]int64
+			if !stop {
+				run = f.claimRunLocked(i, min(i+window, int64(len(f.state))))
+			}
+			f.mu.Unlock()
+			if stop || f.d.life.Err() != nil {
+				break
+			}
+			if run[1] > run[0] {
+				if err := f.fetchRun(f.d.life, run[0], run[1]); err != nil {
+					break
+				}
+				i = run[1]
+			} else {
+				i += window // here, or being fetched for a reader
+			}
+		}
+		f.mu.Lock()
+		f.filling = false
+		last := f.opens == 0 && f.gone
+		f.mu.Unlock()
+		if last {
+			f.removeFiles()
+		}
+	}()
+}
+
+// install puts the file, every block here, at its path as a copy.
+func (f *RangedFile) install() {
+	d := f.d
+	f.mu.Lock()
+	if f.whole || f.gone {
+		f.mu.Unlock()
+		return
+	}
+	f.whole = true
+	f.mu.Unlock()
+	fd, err := unix.Open(d.rangedDir(), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err == nil {
+		os.Chtimes(f.data.Name(), time.Time{}, time.Unix(0, f.meta.MtimeNs))
+		v := versionOf(f.rec)
+		d.namesMu.Lock()
+		free := !d.existsHere(f.meta.Path)
+		d.namesMu.Unlock()
+		if free {
+			err = d.installFrom(fd, f.data, v)
+		} else {
+			err = os.ErrExist
+		}
+		unix.Close(fd)
+	}
+	if err != nil {
+		f.mu.Lock()
+		f.whole = false
+		f.mu.Unlock()
+		d.log.Info("file read in ranges is whole but cannot be installed; dropped", "path", f.meta.Path, "err", err)
+	} else {
+		d.ranged.installed.Add(1)
+		d.loc.Hold(d.life, f.meta.Path) // the copy must hear of changes
+		d.loc.Changed(f.meta.Path)
+		d.log.Debug("file read in ranges is whole; installed", "path", f.meta.Path)
+		if d.notifier != nil {
+			d.notifier.EntryChanged(f.meta.Path)
+		}
+	}
+	d.ranged.mu.Lock()
+	if d.ranged.m[f.meta.Path] == f {
+		delete(d.ranged.m, f.meta.Path)
+	}
+	d.ranged.mu.Unlock()
+	f.drop()
+}
+
+// dropRanged drops the file read in ranges at rel, if any: the path
+// changed (a newer version, a removal).
+func (d *DMD) dropRanged(rel string) {
+	d.ranged.mu.Lock()
+	f := d.ranged.m[rel]
+	delete(d.ranged.m, rel)
+	d.ranged.mu.Unlock()
+	if f != nil {
+		f.drop()
+	}
+}
+
+// rangedChanged drops the file read in ranges at rel if rel is now
+// another version than the one read, or gone.
+func (d *DMD) rangedChanged(rel string, rec hfl.Record, exists bool) {
+	d.ranged.mu.Lock()
+	f := d.ranged.m[rel]
+	d.ranged.mu.Unlock()
+	if f != nil && (!exists || rec.Generation > f.meta.Gen) {
+		d.dropRanged(rel)
+	}
+}
+
+// RangedStats counts the files read in ranges.
+type RangedStats struct {
+	Open      int    `json:"files"`
+	HereBytes int64  `json:"bytes_here"`
+	Opened    uint64 `json:"opened"`
+	Installed uint64 `json:"completed"`
+	Corrupt   uint64 `json:"corrupt_blocks"`
+	Fetches   uint64 `json:"range_fetches"`
+	Bytes     uint64 `json:"range_bytes"`
+	Failed    uint64 `json:"range_failures"`
+}
+
+func (d *DMD) rangedStats() RangedStats {
+	rs := &d.ranged
+	s := RangedStats{Opened: rs.opened.Load(), Installed: rs.installed.Load(), Corrupt: rs.corrupt.Load()}
+	rs.mu.Lock()
+	s.Open = len(rs.m)
+	for _, f := range rs.m {
+		f.mu.Lock()
+		s.HereBytes += min(f.here*digest.BlockSize, f.meta.Size)
+		f.mu.Unlock()
+	}
+	rs.mu.Unlock()
+	if d.fetcher != nil {
+		r := d.fetcher.Ranges()
+		s.Fetches, s.Bytes, s.Failed = r.Fetches.Load(), r.Bytes.Load(), r.Failed.Load()
+	}
+	return s
+}

@@ -1,0 +1,124 @@
+package test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/dyadfs/dyadfs/dtl/dtltest"
+	dfs "github.com/dyadfs/dyadfs/fs"
+)
+
+// rangeReads is a Python program that reads 1 MiB at each offset given
+// (in MiB) from the file named first, with pread or, for offsets written
+// mNNN, through a mapping, and prints each read's SHA-256 or its errno.
+const rangeReads = `
+import hashlib, mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+for a in sys.argv[2:]:
+    try:
+        if a.startswith("m"):
+            off = int(a[1:]) << 20
+            m = mmap.mmap(fd, 1 << 20, mmap.MAP_SHARED, mmap.PROT_READ, offset=off)
+            b = m[:]
+            m.close()
+        else:
+            b = os.pread(fd, 1 << 20, int(a) << 20)
+        print(a, hashlib.sha256(b).hexdigest())
+    except OSError as e:
+        print(a, "errno", e.errno)
+`
+
+// readRanges runs rangeReads on n and returns its lines by offset.
+func readRanges(t *testing.T, n *node, file string, offs ...string) map[string]string {
+	t.Helper()
+	out := n.mustSh(fmt.Sprintf("python3 -c '%s' %s %s", rangeReads, file, strings.Join(offs, " ")))
+	got := make(map[string]string)
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		k, v, _ := strings.Cut(line, " ")
+		got[k] = v
+	}
+	return got
+}
+
+// TestClusterRanges: a 1 GiB file of another node, above the range
+// threshold, read at 10 offsets of 1 MiB each moves less than 20 MiB, and
+// the bytes are the owner's; so are a mapping's. A block corrupted on the
+// way (here: on the owner's disk, behind its back) fails that read with
+// EIO and is not kept, while other blocks read. After a restart the
+// blocks here are read without a transfer; reading the whole file then
+// completes it, installed as a copy with the owner's bytes.
+func TestClusterRanges(t *testing.T) {
+	const mib = 1 << 20
+	c := newClusterWith(t, clusterOptions{nodes: 0})
+	a := c.addNode("a")
+	b := c.addNode("b", "--range-threshold", "64MiB")
+	a.mustSh("head -c 1073741824 /dev/urandom > big")
+	offs := []string{"0", "97", "194", "291", "388", "485", "582", "679", "776", "1023"}
+	want := readRanges(t, a, "big", append(offs, "m500", "800", "801")...)
+
+	got := readRanges(t, b, "big", offs...)
+	for _, o := range offs {
+		if got[o] != want[o] {
+			t.Fatalf("1 MiB at %s MiB reads %s on the consumer, %s on the owner", o, got[o], want[o])
+		}
+	}
+	r := b.status().DMD.Ranged
+	if r.Bytes >= 20*mib || r.Opened != 1 || r.Open != 1 {
+		t.Fatalf("10 reads of 1 MiB moved %d bytes in %d ranges (%d files opened in ranges, %d now); want less than 20 MiB, one file", r.Bytes, r.Fetches, r.Opened, r.Open)
+	}
+	if _, err := os.Lstat(filepath.Join(b.backing, "big")); err == nil {
+		t.Fatal("a file read in part is at its path in the consumer's backing directory")
+	}
+	if got := readRanges(t, b, "big", "m500"); got["m500"] != want["m500"] {
+		t.Fatalf("a mapping of 1 MiB at 500 MiB reads %s, the owner's %s", got["m500"], want["m500"])
+	}
+
+	// A block whose bytes are not the ones published: EIO, not kept.
+	dtltest.FlipByte(t, filepath.Join(a.backing, "big"), 800*mib+12345)
+	got = readRanges(t, b, "big", "800", "801")
+	if got["800"] != "errno 5" || got["801"] != want["801"] {
+		t.Fatalf("reads of a corrupted block and the next: %v; want EIO and the owner's bytes", got)
+	}
+	if got := readRanges(t, b, "big", "800"); got["800"] != "errno 5" {
+		t.Fatalf("a corrupted block read again: %v, want EIO again (not kept)", got)
+	}
+	if r := b.status().DMD.Ranged; r.Corrupt < 1 {
+		t.Fatalf("status counts %d corrupt blocks, want at least 1", r.Corrupt)
+	}
+	dtltest.FlipByte(t, filepath.Join(a.backing, "big"), 800*mib+12345) // mended
+
+	// A restart keeps what is here: the same reads move nothing.
+	b.stop()
+	b.start()
+	if r := b.status().DMD.Ranged; r.Open != 1 || r.HereBytes < 11*mib {
+		t.Fatalf("after a restart, %d files in ranges with %d bytes here; want 1 and the 11 MiB read", r.Open, r.HereBytes)
+	}
+	got = readRanges(t, b, "big", append(offs, "800")...)
+	for _, o := range append(offs, "800") {
+		if got[o] != want[o] {
+			t.Fatalf("after a restart, 1 MiB at %s MiB reads %s, the owner's %s", o, got[o], want[o])
+		}
+	}
+	if r := b.status().DMD.Ranged; r.Bytes > 2*mib {
+		t.Fatalf("after a restart, reads of blocks here moved %d bytes", r.Bytes)
+	}
+
+	// Read whole: the copy is complete, installed, and read as any.
+	if got, want := sha(b, "big"), sha(a, "big"); got != want {
+		t.Fatalf("the whole file reads %s on the consumer, %s on the owner", got, want)
+	}
+	b.waitStatus("the file read whole installed", func(st dfs.Status) bool { return st.DMD.Ranged.Installed == 1 && st.DMD.Ranged.Open == 0 })
+	if st, err := os.Stat(filepath.Join(b.backing, "big")); err != nil || st.Size() != 1<<30 {
+		t.Fatalf("the completed copy: %v %v", st, err)
+	}
+	if got, want := sha(b, "big"), sha(a, "big"); got != want {
+		t.Fatalf("the completed copy reads %s, the owner's %s", got, want)
+	}
+	ents, _ := os.ReadDir(filepath.Join(b.backing, ".dyadfs", "ranged-b"))
+	if len(ents) != 0 {
+		t.Fatalf("the ranged directory keeps %d files once the copy is complete", len(ents))
+	}
+}
