@@ -129,7 +129,7 @@ type DMD struct {
 	// ranged, the files of other nodes read here in ranges.
 	blockLists blockLists
 	ranged     rangedFiles
-	ids     identities // inherited inode numbers (see identity.go)
+	ids        identities // inherited inode numbers (see identity.go)
 
 	// shutdown is closed, and life canceled, when the filesystem goes
 	// away; they end all waits.

@@ -681,7 +681,9 @@ func (f *RangedFile) fetchRun(ctx context.Context, a, b int64) error {
 	return bad
 }
 
-func classifyGone(err error) bool { return errors.Is(err, dtl.ErrNotFound) || errors.Is(err, dtl.ErrNotPublished) }
+func classifyGone(err error) bool {
+	return errors.Is(err, dtl.ErrNotFound) || errors.Is(err, dtl.ErrNotPublished)
+}
 
 // recheck verifies block i, here since before this daemon started: its
 // bytes may not have reached the disk before a crash.
