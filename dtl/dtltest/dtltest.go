@@ -69,6 +69,7 @@ func Run(t *testing.T, newPair func(t *testing.T) (server, client dtl.Transport)
 		{"FetcherBacksOff", fetcherBacksOff},
 		{"CorruptContent", corruptContent},
 		{"CorruptNotice", corruptNotice},
+		{"Ranges", ranges},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newPair) })
@@ -669,5 +670,54 @@ func fetchAfterClose(t *testing.T, newPair NewPair) {
 	}
 	if err := e.client.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
+	}
+}
+
+// ranges fetches byte ranges of a file (in the middle, across zeros,
+// past its end) and checks that only their bytes arrive, at their
+// offsets, and the reply describes the whole file. A transport that does
+// not fetch ranges skips it.
+func ranges(t *testing.T, newPair NewPair) {
+	e := start(t, newPair)
+	if !dtl.FetchesRanges(e.client) {
+		t.Skip("this transport fetches whole files only")
+	}
+	ctx := ctxFor(t)
+	const size = 5<<20 + 12345
+	content := randomBytes(t, size)
+	clear(content[2<<20 : 3<<20]) // a run of zeros
+	if err := e.src.WriteFile("big", content); err != nil {
+		t.Fatal(err)
+	}
+	e.src.SetGeneration("big", 9)
+	for _, r := range [][2]int64{{1 << 20, 1 << 20}, {0, 100}, {2<<20 - 10, 1<<20 + 20}, {5 << 20, 1 << 20}, {4<<20 + 7, 3}} {
+		f := Dst(t)
+		if err := f.Truncate(size); err != nil {
+			t.Fatal(err)
+		}
+		info, err := e.client.Fetch(ctx, e.addr, dtl.Request{Path: "big", Generation: 9, Off: r[0], Len: r[1]}, dtl.NewSink(f))
+		if err != nil {
+			t.Fatalf("range of %d bytes at %d: %v", r[1], r[0], err)
+		}
+		if info.Size != size || info.Generation != 9 {
+			t.Fatalf("range of %d bytes at %d: the reply describes %+v", r[1], r[0], info)
+		}
+		got := make([]byte, size)
+		if _, err := f.ReadAt(got, 0); err != nil {
+			t.Fatal(err)
+		}
+		end := min(r[0]+r[1], size)
+		for i := range int64(size) {
+			want := byte(0)
+			if i >= r[0] && i < end {
+				want = content[i]
+			}
+			if got[i] != want {
+				t.Fatalf("range of %d bytes at %d: byte %d is %d, want %d", r[1], r[0], i, got[i], want)
+			}
+		}
+		if st, _ := f.Stat(); st.Size() != size {
+			t.Fatalf("range of %d bytes at %d: the destination's size changed to %d", r[1], r[0], st.Size())
+		}
 	}
 }

@@ -700,9 +700,14 @@ send:
 			cancel()
 			break
 		}
-		for off := e[0]; off < e[0]+e[1]; off += chunk {
+		lo, hi := e[0], e[0]+e[1]
+		if req.Len > 0 {
+			// A range: only its part of the extent.
+			lo, hi = max(lo, req.Off), min(hi, req.Off+req.Len)
+		}
+		for off := lo; off < hi; off += chunk {
 			select {
-			case pieces <- piece{off, min(chunk, e[0]+e[1]-off)}:
+			case pieces <- piece{off, min(chunk, hi-off)}:
 			case <-ctx.Done():
 				break send
 			}
@@ -727,11 +732,16 @@ send:
 	if _, err := t.rpc(ctx, rank, svc, "close", b); err != nil {
 		return dtl.FileInfo{}, err
 	}
-	if err := dst.Truncate(info.Size); err != nil {
-		return dtl.FileInfo{}, err
+	if req.Len == 0 {
+		if err := dst.Truncate(info.Size); err != nil {
+			return dtl.FileInfo{}, err
+		}
 	}
 	return info, nil
 }
+
+// FetchesRanges implements dtl.RangeFetcher: the reads are the range's.
+func (t *Transport) FetchesRanges() bool { return true }
 
 // Message implements dtl.Messenger.
 func (t *Transport) Message(ctx context.Context, addr, node string, msg []byte) ([]byte, error) {

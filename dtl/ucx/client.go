@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -29,12 +30,14 @@ import (
 // goroutine drains it. The registry of an endpoint's requests in flight
 // (endpoint.ops) is what fails them all at once when the peer dies.
 type clientOp struct {
-	kind  opKind
-	addr  string
-	path  string // fetch
-	gen   uint64 // fetch
-	owner string // the node expected at addr ("": any)
-	msg   []byte // message
+	kind opKind
+	addr string
+	path string // fetch
+	gen  uint64 // fetch
+	// off and n are a fetch's range (n 0: the whole file).
+	off, n int64
+	owner  string // the node expected at addr ("": any)
+	msg    []byte // message
 
 	// Set by the worker.
 	id       uint64
@@ -149,6 +152,9 @@ func (t *Transport) enter() error {
 	return nil
 }
 
+// FetchesRanges implements dtl.RangeFetcher.
+func (t *Transport) FetchesRanges() bool { return true }
+
 // Fetch asks the owner at addr for req and writes the file into dst (see
 // dtl.Transport). Requests to one owner share one endpoint, any number at
 // once; if that endpoint turns out to have been closed by the owner before
@@ -163,10 +169,14 @@ func (t *Transport) Fetch(ctx context.Context, addr string, req dtl.Request, dst
 	defer t.wg.Done()
 	for attempt := 0; ; attempt++ {
 		op := newOp(opFetch, addr)
-		op.path, op.gen, op.owner = req.Path, req.Generation, req.Owner
+		op.path, op.gen, op.owner, op.off, op.n = req.Path, req.Generation, req.Owner, req.Off, req.Len
 		info, stale, err := t.fetch(ctx, op, dst)
 		if err == nil {
-			t.stats.BytesRecv.Add(info.Size)
+			if req.Len > 0 {
+				t.stats.BytesRecv.Add(min(req.Len, max(0, info.Size-req.Off)))
+			} else {
+				t.stats.BytesRecv.Add(info.Size)
+			}
 			return info, nil
 		}
 		if stale && attempt == 0 {
@@ -262,7 +272,7 @@ func (t *Transport) fetch(ctx context.Context, op *clientOp, dst *dtl.Sink) (inf
 	defer stall.Stop()
 	var (
 		evs     []opEvent
-		st      = fetchState{size: -1, total: -1}
+		st      = fetchState{size: -1, total: -1, off: op.off, n: op.n}
 		done    bool
 		handled int
 	)
@@ -300,6 +310,7 @@ type fetchState struct {
 	written   int64
 	size      int64 // the size the owner gave with its chunks (-1 before any)
 	total     int64 // from the end message (-1 before it)
+	off, n    int64 // the range asked for (n 0: the whole file)
 }
 
 // apply takes one event; done reports the fetch finished.
@@ -310,6 +321,9 @@ func (s *fetchState) apply(t *Transport, ev opEvent, dst *dtl.Sink) (done, stale
 	case evHeader:
 		s.info, s.gotHeader = ev.info, true
 	case evFile:
+		if s.n > 0 {
+			return false, false, protoErr("a whole file in answer to a range")
+		}
 		if len(ev.data) > 0 {
 			if _, err := dst.WriteAt(ev.data, 0); err != nil {
 				return false, false, err
@@ -321,6 +335,10 @@ func (s *fetchState) apply(t *Transport, ev opEvent, dst *dtl.Sink) (done, stale
 		s.info = ev.info
 		return true, false, nil
 	case evChunk:
+		if s.n > 0 && (ev.off < s.off || ev.off+ev.n > s.off+s.n) {
+			t.w.releaseRecv(ev.slot)
+			return false, false, protoErr("chunk of %d bytes at %d outside the range of %d bytes at %d asked for", ev.n, ev.off, s.n, s.off)
+		}
 		_, err := dst.WriteAt(t.w.recvPool.buf(ev.slot)[:ev.n], ev.off)
 		t.w.releaseRecv(ev.slot)
 		if err != nil {
@@ -347,6 +365,9 @@ func (s *fetchState) complete(dst *dtl.Sink) (bool, error) {
 	}
 	if !s.gotHeader || s.total < 0 || s.written != s.total {
 		return false, nil
+	}
+	if s.n > 0 {
+		return true, nil // a range: the size is the destination's own
 	}
 	return true, dst.Truncate(s.info.Size)
 }
@@ -481,6 +502,10 @@ func (w *worker) request(e *endpoint, op *clientOp) {
 	switch op.kind {
 	case opFetch:
 		h, payload = header{typ: tGet, id: op.id, a: op.gen}, []byte(op.path)
+		if op.n > 0 {
+			h.b = uint64(op.n)
+			payload = append(binary.BigEndian.AppendUint64(nil, uint64(op.off)), op.path...)
+		}
 	case opMessage:
 		h, payload = header{typ: tMsg, id: op.id}, op.msg
 	}

@@ -25,7 +25,9 @@ import (
 //	S→C challenge  version; payload: server nonce [32], server MAC [32], node u8-string
 //	C→S auth       payload: client MAC [32]
 //	S→C ready
-//	C→S get        id, a = generation; payload: the path
+//	C→S get        id, a = generation, b = a range's length (0: the whole
+//	               file); payload: the range's offset u64 if b > 0, then
+//	               the path
 //	S→C header     id; payload: the file's description (infoLen bytes: size,
 //	               mode, uid, gid, mtime, generation, checksum [16])
 //	S→C file       id; payload: the description, then the whole file
@@ -50,7 +52,7 @@ import (
 // the file's size, the end carries the total.
 const (
 	magic        = "dyadfs-ucx"
-	protoVersion = uint32(2)
+	protoVersion = uint32(3)
 	hdrLen       = 32
 	infoLen      = wire.InfoLen
 	nonceLen     = peerauth.NonceLen

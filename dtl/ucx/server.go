@@ -4,6 +4,7 @@ package ucx
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -28,6 +29,7 @@ type serveOp struct {
 	id       uint64
 	path     string
 	gen      uint64
+	off, n   int64  // the range asked for (n 0: the whole file)
 	peer     string // for logs
 	node     string
 	ctx      context.Context
@@ -155,6 +157,18 @@ func (w *worker) onGet(e *endpoint, h header, p []byte) {
 		w.refuseEP(e, dtl.CodeProtocol, 0, fmt.Sprintf("request id %d reused", h.id))
 		return
 	}
+	var off, n int64
+	if h.b > 0 {
+		if len(p) < 8 || h.b > 1<<62 {
+			w.refuseEP(e, dtl.CodeProtocol, 0, "malformed range")
+			return
+		}
+		off, n, p = int64(binary.BigEndian.Uint64(p)), int64(h.b), p[8:]
+		if off < 0 {
+			w.refuseEP(e, dtl.CodeProtocol, 0, "malformed range")
+			return
+		}
+	}
 	if len(p) > maxPath {
 		w.refuseEP(e, dtl.CodeProtocol, 0, fmt.Sprintf("path of %d bytes exceeds %d", len(p), maxPath))
 		return
@@ -169,7 +183,7 @@ func (w *worker) onGet(e *endpoint, h header, p []byte) {
 	}
 	ctx, cancel := context.WithCancel(w.t.ctx)
 	op := &serveOp{
-		t: w.t, ep: e, id: h.id, path: path, gen: h.a, peer: e.addr, node: e.node,
+		t: w.t, ep: e, id: h.id, path: path, gen: h.a, off: off, n: n, peer: e.addr, node: e.node,
 		ctx: ctx, cancel: cancel, freed: make(chan struct{}, 1),
 	}
 	e.serving[h.id] = op
@@ -304,7 +318,7 @@ func (t *Transport) serveFile(op *serveOp, src dtl.Source) *final {
 		return op.refusal(dtl.CodeInternal, err)
 	}
 	start := time.Now()
-	if info.Size <= inlineMax {
+	if info.Size <= inlineMax && op.n == 0 {
 		return t.serveSmall(op, src, f, info, regular)
 	}
 	t.w.submit(func(w *worker) {
@@ -426,7 +440,11 @@ func (t *Transport) sendExtents(op *serveOp, f *os.File, info dtl.FileInfo, regu
 	if regular {
 		// A failed seek is a file that cannot be read, told to the
 		// consumer in place of the end.
-		return total, wire.DataExtents(f, info.Size, emit, func(err error) error { return wire.SeekFailed(f, err, 0) })
+		lo, hi := int64(0), info.Size
+		if op.n > 0 {
+			lo, hi = min(op.off, info.Size), min(op.off+op.n, info.Size)
+		}
+		return total, wire.DataExtentsIn(f, lo, hi, emit, func(err error) error { return wire.SeekFailed(f, err, 0) })
 	}
 	return total, emit(0, info.Size)
 }
