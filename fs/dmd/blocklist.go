@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"sync"
-	"syscall"
 
 	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/internal/digest"
@@ -34,39 +33,33 @@ const blockListsMin = 8 << 20
 const blockListsBytes = 32 << 20
 
 // blockLists keeps the block hashes of large files computed to publish
-// them, by file and stamp, so that a reader's request for them does not
-// read the file again.
+// them, by the checksum they make, so that a reader's request for them
+// does not read the file again. (The stamp of the file would not do: the
+// publish itself changes its ctime, marking it.)
 type blockLists struct {
 	mu    sync.Mutex
-	m     map[FileID]keptBlocks
+	m     map[digest.Sum][]uint64
 	bytes int
 }
 
-type keptBlocks struct {
-	stamp  fileStamp
-	blocks []uint64
-}
-
-func (b *blockLists) get(st *syscall.Stat_t) ([]uint64, bool) {
+func (b *blockLists) get(sum digest.Sum) ([]uint64, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	e, ok := b.m[IDOf(st)]
-	if !ok || e.stamp != stampOf(st) {
-		return nil, false
+	blocks, ok := b.m[sum]
+	return blocks, ok
+}
+
+func (b *blockLists) put(blocks []uint64) {
+	sum := digest.Combine(blocks)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.m[sum]; ok {
+		return
 	}
-	return e.blocks, true
-}
-
-func (b *blockLists) put(st *syscall.Stat_t, blocks []uint64) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	if b.m == nil || b.bytes+8*len(blocks) > blockListsBytes {
-		b.m, b.bytes = make(map[FileID]keptBlocks), 0
+		b.m, b.bytes = make(map[digest.Sum][]uint64), 0
 	}
-	if old, ok := b.m[IDOf(st)]; ok {
-		b.bytes -= 8 * len(old.blocks)
-	}
-	b.m[IDOf(st)] = keptBlocks{stamp: stampOf(st), blocks: blocks}
+	b.m[sum] = blocks
 	b.bytes += 8 * len(blocks)
 }
 
@@ -161,15 +154,12 @@ func (d *DMD) answerBlockList(ctx context.Context, msg []byte) ([]byte, error) {
 }
 
 // blocksOf returns the block hashes of f, the published file info
-// describes: kept from its publish, or computed again and checked against
-// its checksum (a file whose bytes changed on the disk since is
-// unreadable: what it holds is not what was published).
+// describes: kept from its publish (the hashes of what was published: a
+// block whose bytes changed on the disk since fails its reader's check),
+// or computed again and checked against its checksum (a file whose bytes
+// changed since is unreadable).
 func (d *DMD) blocksOf(f *os.File, info dtl.FileInfo) ([]uint64, error) {
-	var st syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, err
-	}
-	if blocks, ok := d.blockLists.get(&st); ok && digest.Combine(blocks) == info.Checksum {
+	if blocks, ok := d.blockLists.get(info.Checksum); ok {
 		return blocks, nil
 	}
 	blocks, err := digest.FileBlocks(f, info.Size)
@@ -179,7 +169,7 @@ func (d *DMD) blocksOf(f *os.File, info dtl.FileInfo) ([]uint64, error) {
 	if digest.Combine(blocks) != info.Checksum {
 		return nil, fmt.Errorf("%s does not match its published checksum: %w", f.Name(), dtl.ErrUnreadable)
 	}
-	d.blockLists.put(&st, blocks)
+	d.blockLists.put(blocks)
 	return blocks, nil
 }
 

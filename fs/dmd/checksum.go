@@ -172,7 +172,7 @@ func (d *DMD) checksum(rel string, fd int, st *syscall.Stat_t, inline *hfl.Inlin
 			return digest.Sum{}, fmt.Errorf("%s: %w", rel, errChanged)
 		}
 		if st.Size >= blockListsMin {
-			d.blockLists.put(st, blocks) // for readers in ranges
+			d.blockLists.put(blocks) // for readers in ranges
 		}
 	}
 	d.stats.checksums.Add(1)

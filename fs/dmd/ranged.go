@@ -435,7 +435,11 @@ type ReadCursor struct {
 func (cur *ReadCursor) advance(first, last, most int64) int64 {
 	switch {
 	case first+1 == cur.next && last < cur.next:
-		// Within the block read last.
+		// Within the block read last: as far ahead as before.
+		if cur.streak < 2 {
+			return 0
+		}
+		return cur.window
 	case first == cur.next || first+1 == cur.next:
 		cur.streak++
 	default:
