@@ -15,6 +15,8 @@
 #   scripts/bench.sh cost            # what one file costs on two nodes: CPU of etcd and each daemon,
 #                                    # transactions, database bytes, FUSE requests; 16 writers
 #                                    # against one; a ring of 2 and 4 nodes
+#   scripts/bench.sh space           # node-local space: what a cache capacity costs (eviction),
+#                                    # and a 1 GiB file read in ranges against fetched whole
 #   scripts/bench.sh compare OLD NEW [ROUNDS]
 #                                    # two dyadfs binaries, alternating (ROUNDS each, 3 by
 #                                    # default): the rows every release has, on two nodes
@@ -87,6 +89,13 @@ if wants cluster; then
 	echo
 	echo "== two nodes over veth"
 	bench_test BenchmarkCluster | sed -n '/^ *figure/,/^latency is/p'
+fi
+
+if wants space; then
+	echo
+	echo "== node-local space: two nodes over veth, the settings taking turns"
+	bench_test BenchmarkClusterEviction | sed -n '/^ *figure/,/^ *$/p'
+	bench_test BenchmarkClusterRanges | sed -n '/^ *figure/,/^ *$/p'
 fi
 
 if wants cost; then

@@ -54,7 +54,7 @@ func TestClusterRanges(t *testing.T) {
 	const mib = 1 << 20
 	c := newClusterWith(t, clusterOptions{nodes: 0})
 	a := c.addNode("a")
-	b := c.addNode("b", "--range-threshold", "64MiB")
+	b := c.addNode("b", "--range-threshold", "64MiB", "--metrics", ":9466")
 	a.mustSh("head -c 1073741824 /dev/urandom > big")
 	offs := []string{"0", "97", "194", "291", "388", "485", "582", "679", "776", "1023"}
 	want := readRanges(t, a, "big", append(offs, "m500", "800", "801")...)
@@ -68,6 +68,10 @@ func TestClusterRanges(t *testing.T) {
 	r := b.status().DMD.Ranged
 	if r.Bytes >= 20*mib || r.Opened != 1 || r.Open != 1 {
 		t.Fatalf("10 reads of 1 MiB moved %d bytes in %d ranges (%d files opened in ranges, %d now); want less than 20 MiB, one file", r.Bytes, r.Fetches, r.Opened, r.Open)
+	}
+	metricsText := b.mustSh(`python3 -c 'import urllib.request, sys; sys.stdout.write(urllib.request.urlopen("http://` + b.ip + `:9466/metrics").read().decode())'`)
+	if n := sample(metricsText, "dyadfs_dmd_ranged_range_bytes_total"); n != float64(r.Bytes) {
+		t.Fatalf("metrics count %v bytes fetched in ranges, status %d", n, r.Bytes)
 	}
 	if _, err := os.Lstat(filepath.Join(b.backing, "big")); err == nil {
 		t.Fatal("a file read in part is at its path in the consumer's backing directory")

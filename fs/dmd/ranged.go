@@ -90,6 +90,7 @@ type RangedFile struct {
 	gone     bool // replaced or dropped: its files go with the last handle
 	whole    bool // installed at its path
 	filling  bool
+	removed  bool  // its files are gone (or, whole, installed)
 	failed   error // the owner no longer has this version
 }
 
@@ -403,8 +404,12 @@ func (f *RangedFile) drop() {
 func (f *RangedFile) removeFiles() {
 	base := filepath.Join(f.d.rangedDir(), f.key)
 	f.mu.Lock()
-	whole := f.whole
+	whole, removed := f.whole, f.removed
+	f.removed = true
 	f.mu.Unlock()
+	if removed {
+		return
+	}
 	if !whole && f.data != nil {
 		os.Remove(base)
 	}
