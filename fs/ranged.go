@@ -42,6 +42,7 @@ func (fsys *FS) openRanged(ctx context.Context, rel string, f *dmd.RangedFile) (
 		f.Release()
 		return nil, 0, errno
 	}
+	f.Opened()
 	fsys.fds.opened()
 	return &rangedHandle{fsys: fsys, rel: rel, f: f}, fuse.FOPEN_NOFLUSH | fuse.FOPEN_DIRECT_IO, 0
 }

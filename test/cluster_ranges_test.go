@@ -110,11 +110,33 @@ func TestClusterRanges(t *testing.T) {
 		t.Fatalf("after a restart, reads of blocks here moved %d bytes", r.Bytes)
 	}
 
-	// Read whole: the copy is complete, installed, and read as any.
+	// Read whole, while another program keeps a mapping of it: the copy
+	// is complete, installed, and read as any, and the mapping reads on.
+	heldFile, releaseFile := filepath.Join(c.dir, "held"), filepath.Join(c.dir, "release")
+	held := b.startSh(fmt.Sprintf(`python3 -c '
+import hashlib, mmap, os, time
+fd = os.open("big", os.O_RDONLY)
+m = mmap.mmap(fd, 1 << 20, mmap.MAP_SHARED, mmap.PROT_READ, offset=0)
+first = hashlib.sha256(m[:]).hexdigest()
+open("%s", "w").close()
+for _ in range(1200):
+    if os.path.exists("%s"):
+        break
+    time.sleep(0.05)
+print(first, hashlib.sha256(m[:]).hexdigest())
+'`, heldFile, releaseFile))
+	eventually(t, "the mapping held", func() bool { _, err := os.Stat(heldFile); return err == nil })
 	if got, want := sha(b, "big"), sha(a, "big"); got != want {
 		t.Fatalf("the whole file reads %s on the consumer, %s on the owner", got, want)
 	}
 	b.waitStatus("the file read whole installed", func(st dfs.Status) bool { return st.DMD.Ranged.Installed == 1 && st.DMD.Ranged.Open == 0 })
+	if got, want := sha(b, "big"), sha(a, "big"); got != want {
+		t.Fatalf("the completed copy, opened while a mapping of the file read in ranges is held, reads %s, the owner's %s", got, want)
+	}
+	os.WriteFile(releaseFile, nil, 0o644)
+	if r := <-held; r.err != nil || strings.TrimSpace(r.stdout) != want["0"]+" "+want["0"] {
+		t.Fatalf("the mapping held while the file completed: %v, want the first MiB's hash twice (%s)", r, want["0"])
+	}
 	if st, err := os.Stat(filepath.Join(b.backing, "big")); err != nil || st.Size() != 1<<30 {
 		t.Fatalf("the completed copy: %v %v", st, err)
 	}

@@ -369,7 +369,8 @@ func (sc *serverConn) sendFile(f *os.File, info dtl.FileInfo, regular bool, rang
 	var err error
 	if rangeLen > 0 {
 		// A range: only the data extents inside it.
-		lo, hi := min(rangeOff, info.Size), min(rangeOff+rangeLen, info.Size)
+		lo := min(rangeOff, info.Size)
+		hi := lo + min(rangeLen, info.Size-lo)
 		if regular {
 			err = wire.DataExtentsIn(f, lo, hi, emit, func(err error) error { return err })
 		} else {

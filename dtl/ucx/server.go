@@ -442,7 +442,8 @@ func (t *Transport) sendExtents(op *serveOp, f *os.File, info dtl.FileInfo, regu
 		// consumer in place of the end.
 		lo, hi := int64(0), info.Size
 		if op.n > 0 {
-			lo, hi = min(op.off, info.Size), min(op.off+op.n, info.Size)
+			lo = min(op.off, info.Size)
+			hi = lo + min(op.n, info.Size-lo)
 		}
 		return total, wire.DataExtentsIn(f, lo, hi, emit, func(err error) error { return wire.SeekFailed(f, err, 0) })
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/dyadfs/dyadfs/dtl"
 	"github.com/dyadfs/dyadfs/internal/digest"
@@ -20,6 +21,14 @@ import (
 // blockListMsg is the first byte of a request for block hashes: notices
 // start with their codec's version (1), so the two never meet.
 const blockListMsg = 0xB1
+
+// blockListLater, as a reply's Total, says the owner is computing the
+// list (the file is large and its list was not kept): ask again shortly.
+const blockListLater = ^uint32(0)
+
+// blockListsInline is the largest file whose list an owner computes while
+// the request waits; a larger one's is computed aside.
+const blockListsInline = 256 << 20
 
 // blockListMax is how many hashes one reply carries (a reply is at most
 // dtl.MaxMessage bytes).
@@ -40,6 +49,42 @@ type blockLists struct {
 	mu    sync.Mutex
 	m     map[digest.Sum][]uint64
 	bytes int
+	// computing holds the checksums whose lists are being computed
+	// aside; failed, those whose files no longer make them.
+	computing map[digest.Sum]bool
+	failed    map[digest.Sum]error
+}
+
+// begin reports whether the caller is to compute sum's list (nobody is),
+// or the error a computation met.
+func (b *blockLists) begin(sum digest.Sum) (bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.failed[sum]; err != nil {
+		delete(b.failed, sum) // the next request tries again
+		return false, err
+	}
+	if b.computing[sum] {
+		return false, nil
+	}
+	if b.computing == nil {
+		b.computing = make(map[digest.Sum]bool)
+	}
+	b.computing[sum] = true
+	return true, nil
+}
+
+// end ends the computation of sum's list.
+func (b *blockLists) end(sum digest.Sum, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.computing, sum)
+	if err != nil {
+		if b.failed == nil || len(b.failed) > 64 {
+			b.failed = make(map[digest.Sum]error)
+		}
+		b.failed[sum] = err
+	}
 }
 
 func (b *blockLists) get(sum digest.Sum) ([]uint64, bool) {
@@ -134,16 +179,40 @@ func (d *DMD) answerBlockList(ctx context.Context, msg []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	keep := false
+	defer func() {
+		if !keep {
+			f.Close()
+		}
+	}()
 	if info.Generation != req.Gen {
 		return nil, fmt.Errorf("%s: generation %d asked for, %d published: %w", req.Path, req.Gen, info.Generation, dtl.ErrNotPublished)
 	}
 	if info.Checksum.IsZero() {
 		return nil, fmt.Errorf("%s was published without a checksum: %w", req.Path, dtl.ErrUnreadable)
 	}
-	blocks, err := d.blocksOf(f, info)
-	if err != nil {
-		return nil, err
+	blocks, ok := d.blockLists.get(info.Checksum)
+	if !ok && info.Size > blockListsInline {
+		// Computed aside, for every reader that asks meanwhile: the
+		// request must not wait as long as reading the file takes.
+		start, err := d.blockLists.begin(info.Checksum)
+		if err != nil {
+			return nil, err
+		}
+		if start {
+			keep = true
+			go func() {
+				_, err := d.blocksOf(f, info)
+				f.Close()
+				d.blockLists.end(info.Checksum, err)
+			}()
+		}
+		return encodeBlockListReply(blockListReply{Gen: info.Generation, Size: info.Size, Total: blockListLater}), nil
+	}
+	if !ok {
+		if blocks, err = d.blocksOf(f, info); err != nil {
+			return nil, err
+		}
 	}
 	total := uint32(len(blocks))
 	if req.First > total {
@@ -187,6 +256,16 @@ func (d *DMD) fetchBlockList(ctx context.Context, v dtl.Version) ([]uint64, erro
 		r, err := decodeBlockListReply(b)
 		if err != nil {
 			return nil, err
+		}
+		if r.Total == blockListLater {
+			t := time.NewTimer(100 * time.Millisecond)
+			select {
+			case <-t.C:
+				continue
+			case <-ctx.Done():
+				t.Stop()
+				return nil, ctx.Err()
+			}
 		}
 		if r.Gen != v.Info.Generation || r.Size != v.Info.Size || int64(r.Total) != n || int(r.First) != len(blocks) || len(r.Hashes) == 0 && n > 0 {
 			return nil, fmt.Errorf("block hashes of %s from %s: generation %d, %d bytes, %d blocks from %d; asked for generation %d, %d bytes: %w",

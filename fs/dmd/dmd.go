@@ -380,6 +380,7 @@ func (d *DMD) Close() error {
 	if d.fetcher != nil {
 		d.fetcher.Close()
 	}
+	d.closeRanged()
 	syscall.Sync()
 	os.WriteFile(d.cleanMarker(), nil, 0o600)
 	d.closeFds()

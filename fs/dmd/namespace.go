@@ -87,6 +87,7 @@ func (d *DMD) RemoveName(ctx context.Context, rel string) error {
 	if err := d.loc.Unpublish(ctx, rel, hfl.RemoveCond{}, true); err != nil {
 		return err
 	}
+	d.dropRanged(rel)
 	d.stats.unpublishes.Add(1)
 	return nil
 }
@@ -127,6 +128,8 @@ func (d *DMD) Replaced(id FileID, lastName bool) {
 // still being written is published under its new name by its last writer.
 func (d *DMD) Renamed(ctx context.Context, oldRel, newRel string) {
 	d.moveCopies(oldRel, newRel)
+	d.dropRanged(oldRel)
+	d.dropRanged(newRel)
 	type entry struct {
 		sub  string
 		mode uint32

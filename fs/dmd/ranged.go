@@ -2,6 +2,8 @@ package dmd
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -87,19 +89,67 @@ type RangedFile struct {
 	inflight map[int64]chan struct{}
 	here     int64
 	opens    int
-	gone     bool // replaced or dropped: its files go with the last handle
-	whole    bool // installed at its path
-	filling  bool
-	removed  bool  // its files are gone (or, whole, installed)
-	failed   error // the owner no longer has this version
+	fetching int  // fetches and an install using its files
+	filling  bool // the rest is being fetched aside
+	gone     bool // replaced or dropped: its files go once nothing uses them
+	whole    bool // being installed, or installed, at its path
+	removed  bool // its files are gone (or, whole, installed)
+	// failed: the owner no longer has this version.
+	failed error
 }
+
+// busyLocked reports whether anything still uses the file's files.
+func (f *RangedFile) busyLocked() bool { return f.opens > 0 || f.fetching > 0 || f.filling }
+
+// lastLocked reports whether the files should go now.
+func (f *RangedFile) lastLocked() bool { return f.gone && !f.busyLocked() && !f.removed }
 
 // rangedFiles are the files read in ranges, by path.
 type rangedFiles struct {
 	mu sync.Mutex
 	m  map[string]*RangedFile
+	// creating holds the paths whose file an open is making: other opens
+	// of the path wait for it.
+	creating map[string]chan struct{}
+	// wg counts the goroutines that fetch or install aside; closed says
+	// none may start (the managed directory is closing).
+	wg     sync.WaitGroup
+	closed bool
 	// counters
 	opened, installed, corrupt atomic.Uint64
+}
+
+// goAside runs fn on its own goroutine, unless the managed directory is
+// closing; it reports whether it did.
+func (d *DMD) goAside(fn func()) bool {
+	rs := &d.ranged
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.closed {
+		return false
+	}
+	rs.wg.Add(1)
+	go func() {
+		defer rs.wg.Done()
+		fn()
+	}()
+	return true
+}
+
+// closeRanged waits for the fetches aside and closes the files read in
+// ranges (their blocks stay, for the next daemon).
+func (d *DMD) closeRanged() {
+	rs := &d.ranged
+	rs.mu.Lock()
+	rs.closed = true
+	rs.mu.Unlock()
+	rs.wg.Wait()
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	for _, f := range rs.m {
+		f.data.Close()
+		f.have.Close()
+	}
 }
 
 func (d *DMD) rangedDir() string { return filepath.Join(d.internalPath(), "ranged-"+d.cfg.Node) }
@@ -135,55 +185,68 @@ func (d *DMD) WaitOpen(ctx context.Context, rel string, tid uint32) (string, *Ra
 
 // openRanged opens rec's file in ranges for a wait whose context asks for
 // it; errNoRanges if it does not, or the owner cannot give block hashes.
+// One open makes the file; the others of the path wait for it.
 func (d *DMD) openRanged(ctx context.Context, rel string, rec hfl.Record) (*RangedFile, error) {
 	slot, ok := ctx.Value(rangedSlotKey{}).(*rangedSlot)
 	if !ok || !d.readsInRanges(rec) {
 		return nil, errNoRanges
 	}
 	rs := &d.ranged
-	rs.mu.Lock()
-	if f := rs.m[rel]; f != nil {
-		if f.meta.Owner == rec.Owner && f.meta.Gen == rec.Generation {
-			f.mu.Lock()
-			ok := !f.gone && f.failed == nil
-			if ok {
-				f.opens++
+	for {
+		rs.mu.Lock()
+		if f := rs.m[rel]; f != nil {
+			if f.meta.Owner == rec.Owner && f.meta.Gen == rec.Generation {
+				f.mu.Lock()
+				ok := !f.gone && f.failed == nil
+				if ok {
+					f.opens++
+				}
+				f.mu.Unlock()
+				if ok {
+					rs.mu.Unlock()
+					slot.f = f
+					return f, nil
+				}
 			}
-			f.mu.Unlock()
-			if ok {
-				rs.mu.Unlock()
-				slot.f = f
-				return f, nil
+			delete(rs.m, rel)
+			rs.mu.Unlock()
+			f.drop()
+			continue
+		}
+		if ch := rs.creating[rel]; ch != nil {
+			rs.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
 			}
 		}
-		delete(rs.m, rel)
-		f.drop()
-	}
-	rs.mu.Unlock()
-	f, err := d.newRanged(ctx, rel, rec)
-	if err != nil {
-		return nil, err
-	}
-	rs.mu.Lock()
-	if other := rs.m[rel]; other != nil {
-		// Another open made one meanwhile: that one.
+		if rs.creating == nil {
+			rs.creating = make(map[string]chan struct{})
+		}
+		ch := make(chan struct{})
+		rs.creating[rel] = ch
 		rs.mu.Unlock()
-		f.opens = 0
-		f.drop()
-		return d.openRanged(ctx, rel, rec)
+		f, err := d.newRanged(ctx, rel, rec)
+		rs.mu.Lock()
+		delete(rs.creating, rel)
+		close(ch)
+		if err == nil {
+			if rs.m == nil {
+				rs.m = make(map[string]*RangedFile)
+			}
+			rs.m[rel] = f
+		}
+		rs.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		rs.opened.Add(1)
+		slot.f = f
+		d.log.Debug("opened in ranges", "path", rel, "owner", rec.Owner, "size", rec.Size)
+		return f, nil
 	}
-	if rs.m == nil {
-		rs.m = make(map[string]*RangedFile)
-	}
-	rs.m[rel] = f
-	rs.mu.Unlock()
-	rs.opened.Add(1)
-	slot.f = f
-	d.log.Debug("opened in ranges", "path", rel, "owner", rec.Owner, "size", rec.Size)
-	if d.cfg.Ranges.Fill {
-		f.fillAside()
-	}
-	return f, nil
 }
 
 // newRanged makes the files of a file read in ranges, with one open.
@@ -224,9 +287,17 @@ func (d *DMD) newRanged(ctx context.Context, rel string, rec hfl.Record) (*Range
 	return f, nil
 }
 
-// rangedKey names the files of one version read in ranges.
+// rangedKey names the files of one version read in ranges: the path's
+// hash and the generation, and a random part, so that the files of a
+// version dropped while still open are never another's.
 func rangedKey(rel string, gen uint64) string {
-	return fmt.Sprintf("%016x-%d", xxh3.HashString(rel), gen)
+	var r [4]byte
+	rand.Read(r[:])
+	return rangedKeyPrefix(rel, gen) + hex.EncodeToString(r[:])
+}
+
+func rangedKeyPrefix(rel string, gen uint64) string {
+	return fmt.Sprintf("%016x-%d-", xxh3.HashString(rel), gen)
 }
 
 // createRanged makes the three files of meta's version.
@@ -237,14 +308,11 @@ func (d *DMD) createRanged(meta rangedMeta) (*RangedFile, error) {
 	}
 	key := rangedKey(meta.Path, meta.Gen)
 	base := filepath.Join(dir, key)
-	for _, ext := range []string{"", ".map", ".json"} {
-		os.Remove(base + ext) // left by a version dropped while a daemon died
-	}
 	data, err := os.OpenFile(base, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	f := &RangedFile{d: d, key: key, meta: meta, data: data}
+	f := &RangedFile{d: d, key: key, meta: meta, data: data, unroom: func() {}}
 	fail := func(err error) (*RangedFile, error) {
 		f.removeFiles()
 		return nil, err
@@ -263,7 +331,7 @@ func (d *DMD) createRanged(meta rangedMeta) (*RangedFile, error) {
 		return fail(err)
 	}
 	n := digest.NumBlocks(meta.Size)
-	if f.have, err = os.OpenFile(base+".map", os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600); err != nil {
+	if f.have, err = os.OpenFile(base+".map", os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600); err != nil {
 		return fail(err)
 	}
 	if err := f.have.Truncate(n); err != nil {
@@ -287,8 +355,10 @@ func (d *DMD) createRanged(meta rangedMeta) (*RangedFile, error) {
 }
 
 // loadRanged takes up, at start, the files read in ranges when the last
-// daemon stopped: the blocks here are kept (and checked again at their
-// first read), for the next open of the same version.
+// daemon stopped: the blocks here are kept (and checked again before
+// they are read or installed), for the next open of the same version.
+// With a cache capacity, blocks are kept only while their file is open:
+// they go.
 func (d *DMD) loadRanged() {
 	dir := d.rangedDir()
 	ents, err := os.ReadDir(dir)
@@ -300,33 +370,38 @@ func (d *DMD) loadRanged() {
 	if d.ranged.m == nil {
 		d.ranged.m = make(map[string]*RangedFile)
 	}
-	for _, e := range ents {
-		name := e.Name()
-		key, ok := strings.CutSuffix(name, ".json")
-		if !ok {
-			continue
-		}
-		f, err := d.loadOneRanged(dir, key)
-		if err != nil {
-			d.log.Warn("dropping a file read in ranges that cannot be taken up again", "file", name, "err", err)
-			for _, ext := range []string{"", ".map", ".json"} {
-				os.Remove(filepath.Join(dir, key+ext))
+	if !d.copies.bounded() {
+		for _, e := range ents {
+			key, ok := strings.CutSuffix(e.Name(), ".json")
+			if !ok {
+				continue
 			}
-			continue
+			f, err := d.loadOneRanged(dir, key)
+			if err != nil {
+				d.log.Warn("dropping a file read in ranges that cannot be taken up again", "file", e.Name(), "err", err)
+				continue
+			}
+			if old := d.ranged.m[f.meta.Path]; old != nil && old.meta.Gen > f.meta.Gen {
+				f.data.Close()
+				f.have.Close()
+				continue
+			} else if old != nil {
+				old.data.Close()
+				old.have.Close()
+			}
+			d.ranged.m[f.meta.Path] = f
 		}
-		if old := d.ranged.m[f.meta.Path]; old != nil && old.meta.Gen > f.meta.Gen {
-			f.removeFiles()
-			continue
-		} else if old != nil {
-			old.removeFiles()
-		}
-		d.ranged.m[f.meta.Path] = f
 	}
-	for _, e := range ents { // left by a daemon that died making one
-		if k, ok := strings.CutSuffix(e.Name(), ".json.tmp"); ok {
-			for _, ext := range []string{"", ".map", ".json.tmp"} {
-				os.Remove(filepath.Join(dir, k+ext))
-			}
+	// What no file taken up owns: versions replaced, or left by a daemon
+	// that died making one.
+	keep := make(map[string]bool)
+	for _, f := range d.ranged.m {
+		keep[f.key] = true
+	}
+	for _, e := range ents {
+		key := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(e.Name(), ".tmp"), ".json"), ".map")
+		if !keep[key] {
+			os.Remove(filepath.Join(dir, e.Name()))
 		}
 	}
 }
@@ -342,10 +417,10 @@ func (d *DMD) loadOneRanged(dir, key string) (*RangedFile, error) {
 		return nil, err
 	}
 	n := digest.NumBlocks(meta.Size)
-	if int64(len(meta.Blocks)) != n || digest.Combine(meta.Blocks) != meta.Sum || rangedKey(meta.Path, meta.Gen) != key {
+	if int64(len(meta.Blocks)) != n || digest.Combine(meta.Blocks) != meta.Sum || !strings.HasPrefix(key, rangedKeyPrefix(meta.Path, meta.Gen)) {
 		return nil, errors.New("its description does not hold together")
 	}
-	f := &RangedFile{d: d, key: key, meta: meta, inflight: make(map[int64]chan struct{}), checked: make([]bool, n)}
+	f := &RangedFile{d: d, key: key, meta: meta, inflight: make(map[int64]chan struct{}), checked: make([]bool, n), unroom: func() {}}
 	if f.data, err = os.OpenFile(base, os.O_RDWR, 0); err != nil {
 		return nil, err
 	}
@@ -364,7 +439,6 @@ func (d *DMD) loadOneRanged(dir, key string) (*RangedFile, error) {
 			f.here++
 		}
 	}
-	f.unroom = func() {}
 	f.rec = hfl.Record{Path: meta.Path, Owner: meta.Owner, Generation: meta.Gen, Size: meta.Size, Mode: meta.Mode,
 		Uid: meta.Uid, Gid: meta.Gid, MtimeNs: meta.MtimeNs, Sum: meta.Sum, Ino: meta.Ino}
 	return f, nil
@@ -376,11 +450,35 @@ func (f *RangedFile) Record() hfl.Record { return f.rec }
 // Data is the file the blocks are in, for permission checks and stat.
 func (f *RangedFile) Data() *os.File { return f.data }
 
-// Release ends one open of the file.
+// Opened is called once the caller may read the file: with --range-fill,
+// the rest is fetched aside.
+func (f *RangedFile) Opened() {
+	if f.d.cfg.Ranges.Fill {
+		f.fillAside()
+	}
+}
+
+// Release ends one open of the file. With a cache capacity, the blocks of
+// a file that is not whole are kept only while it is open: they go with
+// the last release, and give back the room they held.
 func (f *RangedFile) Release() {
+	d := f.d
 	f.mu.Lock()
 	f.opens--
-	last := f.opens == 0 && f.gone && !f.filling
+	drop := f.opens == 0 && d.copies.bounded() && !f.whole
+	f.mu.Unlock()
+	if drop {
+		d.ranged.mu.Lock()
+		if d.ranged.m[f.meta.Path] == f {
+			delete(d.ranged.m, f.meta.Path)
+		}
+		d.ranged.mu.Unlock()
+	}
+	f.mu.Lock()
+	if drop {
+		f.gone = true
+	}
+	last := f.lastLocked()
 	f.mu.Unlock()
 	if last {
 		f.removeFiles()
@@ -388,11 +486,22 @@ func (f *RangedFile) Release() {
 }
 
 // drop takes the file out of use: a newer version replaced it, or it was
-// installed. Its files go with its last open.
+// installed. Its files go once nothing uses them.
 func (f *RangedFile) drop() {
 	f.mu.Lock()
 	f.gone = true
-	last := f.opens == 0 && !f.filling
+	last := f.lastLocked()
+	f.mu.Unlock()
+	if last {
+		f.removeFiles()
+	}
+}
+
+// endUse ends a fetch's or an install's use of the files.
+func (f *RangedFile) endUse() {
+	f.mu.Lock()
+	f.fetching--
+	last := f.lastLocked()
 	f.mu.Unlock()
 	if last {
 		f.removeFiles()
@@ -400,7 +509,7 @@ func (f *RangedFile) drop() {
 }
 
 // removeFiles removes the files of a version no longer read (the data
-// file too, unless it was installed).
+// file too, unless it was installed), once.
 func (f *RangedFile) removeFiles() {
 	base := filepath.Join(f.d.rangedDir(), f.key)
 	f.mu.Lock()
@@ -494,11 +603,6 @@ func (f *RangedFile) ensure(ctx context.Context, first, last, ahead int64, tid u
 	}()
 	for attempt := 0; ; attempt++ {
 		f.mu.Lock()
-		if f.failed != nil {
-			err := f.failed
-			f.mu.Unlock()
-			return err
-		}
 		var waitFor []chan struct{}
 		var runs [][2]int64
 		var recheck []int64
@@ -516,27 +620,32 @@ func (f *RangedFile) ensure(ctx context.Context, first, last, ahead int64, tid u
 				}
 			}
 		}
+		if len(runs) > 0 && (f.failed != nil || attempt > 3) {
+			// Blocks that are here still read; those that are not
+			// cannot be fetched.
+			err := f.failed
+			f.mu.Unlock()
+			if err == nil {
+				err = fmt.Errorf("%w: %s: blocks %d to %d could not be fetched", ErrFetch, f.meta.Path, first, last)
+			}
+			return err
+		}
 		for _, r := range runs {
 			f.claimLocked(r[0], r[1])
 		}
-		aheadRun := f.claimAheadLocked(last+1, ahead)
+		aheadRun := [2]int64{}
+		if f.failed == nil {
+			aheadRun = f.claimAheadLocked(last+1, ahead)
+		}
 		f.mu.Unlock()
-		if aheadRun[1] > aheadRun[0] {
-			go f.fetchRun(f.d.life, aheadRun[0], aheadRun[1])
+		if aheadRun[1] > aheadRun[0] && !f.d.goAside(func() { f.fetchRun(f.d.life, aheadRun[0], aheadRun[1]) }) {
+			f.unclaim(aheadRun[0], aheadRun[1], nil)
 		}
 		if len(runs) == 0 && len(waitFor) == 0 && len(recheck) == 0 {
 			return nil
 		}
-		if attempt > 3 {
-			for _, r := range runs {
-				f.unclaim(r[0], r[1], nil)
-			}
-			return fmt.Errorf("%s: blocks %d to %d could not be fetched: %w", f.meta.Path, first, last, dtl.ErrCorrupt)
-		}
 		if endWait == nil && (len(runs) > 0 || len(waitFor) > 0) {
-			var wctx context.Context
-			var cancel context.CancelFunc
-			wctx, cancel = f.d.waitContext(ctx)
+			wctx, cancel := f.d.waitContext(ctx)
 			done, _ := f.d.startWait(f.meta.Path, tid, "range")
 			ctx = wctx
 			endWait = func() { done(); cancel() }
@@ -608,7 +717,8 @@ func (f *RangedFile) claimRunLocked(a, end int64) [2]int64 {
 	return [2]int64{a, b}
 }
 
-// unclaim ends the fetch of blocks [a, b); ok says which arrived.
+// unclaim ends the fetch of blocks [a, b); ok says which arrived,
+// verified. The one that completes the file installs it, aside.
 func (f *RangedFile) unclaim(a, b int64, ok []bool) {
 	f.mu.Lock()
 	ch := f.inflight[a]
@@ -619,19 +729,31 @@ func (f *RangedFile) unclaim(a, b int64, ok []bool) {
 			f.here++
 		}
 	}
-	whole := f.here == int64(len(f.state)) && !f.whole && !f.gone
+	whole := f.here == int64(len(f.state)) && !f.whole && !f.gone && !f.removed
+	if whole {
+		f.fetching++ // the install uses the files
+	}
 	f.mu.Unlock()
 	if ch != nil {
 		close(ch)
 	}
-	if whole {
-		f.install()
+	if whole && !f.d.goAside(f.install) {
+		f.endUse()
 	}
 }
 
 // fetchRun fetches blocks [a, b), claimed, and keeps those that match
 // their hashes.
 func (f *RangedFile) fetchRun(ctx context.Context, a, b int64) error {
+	f.mu.Lock()
+	if f.removed {
+		f.mu.Unlock()
+		f.unclaim(a, b, nil)
+		return fmt.Errorf("%w: %s was dropped while it was read", ErrFetch, f.meta.Path)
+	}
+	f.fetching++ // its files stay open until the fetch ends
+	f.mu.Unlock()
+	defer f.endUse()
 	size := f.meta.Size
 	off, end := a*digest.BlockSize, min(b*digest.BlockSize, size)
 	v := versionOf(f.rec)
@@ -640,7 +762,7 @@ func (f *RangedFile) fetchRun(ctx context.Context, a, b int64) error {
 	dst, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.data.Fd()), os.O_RDWR, 0)
 	if err != nil {
 		f.unclaim(a, b, nil)
-		return fmt.Errorf("%s: %w", f.meta.Path, err)
+		return fmt.Errorf("%w: %s: %w", ErrFetch, f.meta.Path, err)
 	}
 	info, err := f.d.fetcher.FetchRange(ctx, v, off, end-off, dst)
 	dst.Close()
@@ -648,10 +770,12 @@ func (f *RangedFile) fetchRun(ctx context.Context, a, b int64) error {
 		err = fmt.Errorf("%s: its owner has generation %d now, not %d: %w", f.meta.Path, info.Generation, f.meta.Gen, dtl.ErrStale)
 	}
 	if err != nil {
-		if errors.Is(err, dtl.ErrStale) || classifyGone(err) {
+		stale := errors.Is(err, dtl.ErrStale) || errors.Is(err, dtl.ErrNotFound) || errors.Is(err, dtl.ErrNotPublished)
+		if stale {
 			f.mu.Lock()
-			f.failed = fmt.Errorf("%s was replaced on %s while it was read here in ranges; open it again: %w", f.meta.Path, f.meta.Owner, ErrFetch)
+			f.failed = fmt.Errorf("%w: %s was replaced on %s while it was read here in ranges; open it again", ErrFetch, f.meta.Path, f.meta.Owner)
 			f.mu.Unlock()
+			f.d.loc.Forget(f.meta.Path) // the next open looks for the new version
 		}
 		f.punch(off, end-off)
 		f.unclaim(a, b, nil)
@@ -659,6 +783,9 @@ func (f *RangedFile) fetchRun(ctx context.Context, a, b int64) error {
 			return f.d.waitErr(ctx)
 		}
 		f.d.log.Warn("range fetch failed", "path", f.meta.Path, "owner", f.meta.Owner, "off", off, "len", end-off, "err", err)
+		if stale {
+			return f.failed
+		}
 		return fmt.Errorf("%w: %s from %s: %w", ErrFetch, f.meta.Path, f.meta.Owner, err)
 	}
 	ok := make([]bool, b-a)
@@ -667,7 +794,7 @@ func (f *RangedFile) fetchRun(ctx context.Context, a, b int64) error {
 	for i := a; i < b; i++ {
 		l := digest.BlockLen(i, size)
 		if _, err := f.data.ReadAt(buf[:l], i*digest.BlockSize); err != nil && err != io.EOF {
-			bad = err
+			bad = fmt.Errorf("%w: %s: read back block %d: %w", ErrFetch, f.meta.Path, i, err)
 			break
 		}
 		if digest.Block(buf[:l]) != f.meta.Blocks[i] {
@@ -690,12 +817,9 @@ func (f *RangedFile) fetchRun(ctx context.Context, a, b int64) error {
 	return bad
 }
 
-func classifyGone(err error) bool {
-	return errors.Is(err, dtl.ErrNotFound) || errors.Is(err, dtl.ErrNotPublished)
-}
-
 // recheck verifies block i, here since before this daemon started: its
-// bytes may not have reached the disk before a crash.
+// bytes may not have reached the disk before a crash. A block that lost
+// them is fetched again.
 func (f *RangedFile) recheck(i int64) error {
 	l := digest.BlockLen(i, f.meta.Size)
 	buf := make([]byte, l)
@@ -703,20 +827,25 @@ func (f *RangedFile) recheck(i int64) error {
 	if err != nil && err != io.EOF {
 		return err
 	}
+	good := digest.Block(buf) == f.meta.Blocks[i]
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if digest.Block(buf) == f.meta.Blocks[i] {
+	if f.state[i] != blockHere || f.checked[i] || f.inflight[i] != nil {
+		return nil // another reader looked first
+	}
+	if good {
 		f.checked[i] = true
 		return nil
 	}
-	// Lost: fetched again.
 	f.state[i] = blockMissing
 	f.here--
 	f.have.WriteAt([]byte{blockMissing}, i)
+	f.punch(i*digest.BlockSize, l)
 	return nil
 }
 
-// punch gives back the space of bytes that are not kept.
+// punch gives back the space of bytes that are not kept (and makes them
+// zeros: an owner sends no holes).
 func (f *RangedFile) punch(off, n int64) {
 	unix.Fallocate(int(f.data.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
 }
@@ -724,13 +853,13 @@ func (f *RangedFile) punch(off, n int64) {
 // fillAside fetches the blocks still missing, in order, aside.
 func (f *RangedFile) fillAside() {
 	f.mu.Lock()
-	if f.filling {
+	if f.filling || f.gone || f.removed {
 		f.mu.Unlock()
 		return
 	}
 	f.filling = true
 	f.mu.Unlock()
-	go func() {
+	started := f.d.goAside(func() {
 		window := max(1, f.d.cfg.Ranges.ReadAhead/digest.BlockSize)
 		for i := int64(0); i < int64(len(f.state)); {
 			f.mu.Lock()
@@ -752,39 +881,66 @@ func (f *RangedFile) fillAside() {
 				i += window // here, or being fetched for a reader
 			}
 		}
-		f.mu.Lock()
-		f.filling = false
-		last := f.opens == 0 && f.gone
-		f.mu.Unlock()
-		if last {
-			f.removeFiles()
-		}
-	}()
+		f.endFill()
+	})
+	if !started {
+		f.endFill()
+	}
 }
 
-// install puts the file, every block here, at its path as a copy.
+func (f *RangedFile) endFill() {
+	f.mu.Lock()
+	f.filling = false
+	last := f.lastLocked()
+	f.mu.Unlock()
+	if last {
+		f.removeFiles()
+	}
+}
+
+// install puts the file, every block here, at its path as a copy: each
+// block not checked since this daemon started is checked first, and the
+// version must still be the path's.
 func (f *RangedFile) install() {
+	defer f.endUse()
 	d := f.d
 	f.mu.Lock()
-	if f.whole || f.gone {
+	if f.whole || f.gone || f.removed {
 		f.mu.Unlock()
 		return
 	}
 	f.whole = true
-	f.mu.Unlock()
-	fd, err := unix.Open(d.rangedDir(), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err == nil {
-		os.Chtimes(f.data.Name(), time.Time{}, time.Unix(0, f.meta.MtimeNs))
-		v := versionOf(f.rec)
-		d.namesMu.Lock()
-		free := !d.existsHere(f.meta.Path)
-		d.namesMu.Unlock()
-		if free {
-			err = d.installFrom(fd, f.data, v)
-		} else {
-			err = os.ErrExist
+	var unchecked []int64
+	for i, c := range f.checked {
+		if !c {
+			unchecked = append(unchecked, int64(i))
 		}
-		unix.Close(fd)
+	}
+	f.mu.Unlock()
+	for _, i := range unchecked {
+		f.recheck(i)
+	}
+	f.mu.Lock()
+	complete := f.here == int64(len(f.state))
+	if !complete {
+		f.whole = false // blocks lost in a crash: the next reads fetch them
+	}
+	f.mu.Unlock()
+	if !complete {
+		return
+	}
+	var err error
+	if rec, exists, ok := d.loc.Told(f.meta.Path); ok && (!exists || rec.Owner != f.meta.Owner || rec.Generation != f.meta.Gen) {
+		err = fmt.Errorf("the path is generation %d of %s now: %w", rec.Generation, rec.Owner, os.ErrExist)
+	}
+	if err == nil {
+		var fd int
+		fd, err = unix.Open(d.rangedDir(), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err == nil {
+			os.Chtimes(f.data.Name(), time.Time{}, time.Unix(0, f.meta.MtimeNs))
+			err = d.installFrom(fd, f.data, versionOf(f.rec))
+			unix.Close(fd)
+		}
 	}
 	if err != nil {
 		f.mu.Lock()
@@ -793,12 +949,9 @@ func (f *RangedFile) install() {
 		d.log.Info("file read in ranges is whole but cannot be installed; dropped", "path", f.meta.Path, "err", err)
 	} else {
 		d.ranged.installed.Add(1)
-		d.loc.Hold(d.life, f.meta.Path) // the copy must hear of changes
 		d.loc.Changed(f.meta.Path)
+		d.changedUnseen(f.meta.Path) // later opens pass through to the copy
 		d.log.Debug("file read in ranges is whole; installed", "path", f.meta.Path)
-		if d.notifier != nil {
-			d.notifier.EntryChanged(f.meta.Path)
-		}
 	}
 	d.ranged.mu.Lock()
 	if d.ranged.m[f.meta.Path] == f {
@@ -809,7 +962,7 @@ func (f *RangedFile) install() {
 }
 
 // dropRanged drops the file read in ranges at rel, if any: the path
-// changed (a newer version, a removal).
+// changed (a newer version, a removal, a rename).
 func (d *DMD) dropRanged(rel string) {
 	d.ranged.mu.Lock()
 	f := d.ranged.m[rel]
@@ -825,9 +978,14 @@ func (d *DMD) dropRanged(rel string) {
 func (d *DMD) rangedChanged(rel string, rec hfl.Record, exists bool) {
 	d.ranged.mu.Lock()
 	f := d.ranged.m[rel]
-	d.ranged.mu.Unlock()
 	if f != nil && (!exists || rec.Generation > f.meta.Gen) {
-		d.dropRanged(rel)
+		delete(d.ranged.m, rel)
+	} else {
+		f = nil
+	}
+	d.ranged.mu.Unlock()
+	if f != nil {
+		f.drop()
 	}
 }
 

@@ -1,10 +1,101 @@
 package dmd
 
 import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/dyadfs/dyadfs/dtl"
+	"github.com/dyadfs/dyadfs/hfl"
+	"github.com/dyadfs/dyadfs/internal/digest"
 )
+
+// rangedMetaOf describes content as version 7 of rel, owned by n2.
+func rangedMetaOf(rel string, content []byte) rangedMeta {
+	n := digest.NumBlocks(int64(len(content)))
+	blocks := make([]uint64, n)
+	for i := range n {
+		l := digest.BlockLen(i, int64(len(content)))
+		blocks[i] = digest.Block(content[i*digest.BlockSize : i*digest.BlockSize+l])
+	}
+	return rangedMeta{Path: rel, Owner: "n2", Gen: 7, Size: int64(len(content)), Mode: syscall.S_IFREG | 0o644,
+		Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid()), Sum: digest.Combine(blocks), Ino: 1234, Blocks: blocks}
+}
+
+// TestRangedFilesOfOneVersionApart: two files of one version read in
+// ranges (one dropped while still open, and the next) have files of
+// their own: removing the first's leaves the second's.
+func TestRangedFilesOfOneVersionApart(t *testing.T) {
+	fx := newFixture(t, nil)
+	meta := rangedMetaOf("a/big", bytes.Repeat([]byte{1}, 3<<20))
+	f1, err := fx.d.createRanged(meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f2, err := fx.d.createRanged(meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f1.drop()
+	base := filepath.Join(fx.d.rangedDir(), f2.key)
+	for _, ext := range []string{"", ".map", ".json"} {
+		if _, err := os.Stat(base + ext); err != nil {
+			t.Errorf("the second file's %q went with the first: %v", ext, err)
+		}
+	}
+}
+
+// TestRangedRecheckLosesABlockOnce: two readers that check the same block
+// after a restart, and find its bytes lost, count it lost once.
+func TestRangedRecheckLosesABlockOnce(t *testing.T) {
+	fx := newFixture(t, nil)
+	f, err := fx.d.createRanged(rangedMetaOf("b", bytes.Repeat([]byte{1}, 3<<20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range f.state { // as taken up after a crash: here, unchecked, zeros
+		f.state[i] = blockHere
+	}
+	f.here = int64(len(f.state))
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() { f.recheck(0) })
+	}
+	wg.Wait()
+	if f.here != int64(len(f.state))-1 || f.state[0] != blockMissing {
+		t.Fatalf("%d blocks here after one was lost, want %d", f.here, len(f.state)-1)
+	}
+}
+
+// TestRangedNotInstalledUnchecked: after a restart, blocks the map says
+// are here but whose bytes were lost are checked before the file is
+// installed: it is not, and they are fetched again.
+func TestRangedNotInstalledUnchecked(t *testing.T) {
+	fx := newFixture(t, nil)
+	content := bytes.Repeat([]byte{7}, 3<<20)
+	meta := rangedMetaOf("c", content)
+	f, err := fx.d.createRanged(meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.rec = hfl.Record{Path: meta.Path, Owner: meta.Owner, Generation: meta.Gen, Size: meta.Size, Mode: meta.Mode, Sum: meta.Sum}
+	f.opens = 1
+	f.state[0], f.state[1] = blockHere, blockHere // their bytes never reached the disk
+	f.here = 2
+	f.data.WriteAt(content[2<<20:], 2<<20) // block 2 arrives, verified
+	f.claimLocked(2, 3)
+	f.unclaim(2, 3, []bool{true})
+	fx.d.ranged.wg.Wait()
+	if _, err := os.Stat(filepath.Join(fx.dir, "c")); err == nil {
+		t.Fatal("installed a file whose blocks were not checked")
+	}
+	if f.here != 1 || f.state[0] != blockMissing || f.state[1] != blockMissing {
+		t.Fatalf("after the check, %d blocks here (map %v), want only block 2", f.here, f.state)
+	}
+}
 
 // TestReadCursorReadsAheadOnlyInOrder: reads at random fetch only what
 // they touch; once reads reach two new blocks in order, the window of

@@ -287,6 +287,8 @@ func (d *DMD) fetchLocated(ctx context.Context, rel string, rec hfl.Record, h he
 		d.loc.Hold(ctx, rel) // it must hear of changes
 		return d.BackingPath(rel), 0, nil
 	case errors.Is(err, dtl.ErrStale):
+		// The owner no longer has that version: wait for the next.
+		d.loc.Forget(rel)
 		return "", rec.Generation, nil
 	case errors.Is(err, ErrNoRoom):
 		return "", 0, err
