@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -72,14 +74,78 @@ func mountinfoHasDev(data []byte, devID string) bool {
 // lazyUnmount detaches the mount at once; the kernel finishes the unmount
 // when the last open file on it is closed.
 func lazyUnmount(mountpoint string) error {
-	for _, prog := range []string{"fusermount3", "fusermount"} {
-		if path, err := exec.LookPath(prog); err == nil {
-			out, err := exec.Command(path, "-u", "-z", mountpoint).CombinedOutput()
-			if err != nil {
-				return fmt.Errorf("%s -u -z %s: %w: %s", prog, mountpoint, err, bytes.TrimSpace(out))
-			}
-			return nil
+	if path, ok := FusermountPath(); ok {
+		out, err := exec.Command(path, "-u", "-z", mountpoint).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%s -u -z %s: %w: %s", filepath.Base(path), mountpoint, err, bytes.TrimSpace(out))
 		}
+		return nil
 	}
 	return syscall.Unmount(mountpoint, syscall.MNT_DETACH)
+}
+
+// captureStderr runs fn with this process's standard error going into a
+// pipe, and returns what was written there (also passed on to the
+// standard error, once it is back): the only way to hear what a helper
+// that inherits it (fusermount3) says.
+func captureStderr(fn func()) []byte {
+	r, w, err := os.Pipe()
+	if err != nil {
+		fn()
+		return nil
+	}
+	saved, err := unix.Dup(2)
+	if err != nil {
+		r.Close()
+		w.Close()
+		fn()
+		return nil
+	}
+	var buf bytes.Buffer
+	done := make(chan struct{})
+	go func() {
+		io.Copy(&buf, r)
+		close(done)
+	}()
+	unix.Dup2(int(w.Fd()), 2)
+	fn()
+	unix.Dup2(saved, 2)
+	unix.Close(saved)
+	w.Close()
+	<-done
+	r.Close()
+	os.Stderr.Write(buf.Bytes())
+	return buf.Bytes()
+}
+
+// fusermountSaid is the last line fusermount wrote, from its name on.
+func fusermountSaid(out []byte) string {
+	var last string
+	for _, line := range strings.Split(string(out), "\n") {
+		// "/usr/bin/fusermount3: unknown option 'x'"
+		for _, name := range []string{"fusermount3: ", "fusermount: "} {
+			if i := strings.Index(line, name); i >= 0 {
+				last = strings.TrimSpace(line[i:])
+				break
+			}
+		}
+	}
+	return last
+}
+
+// FusermountPath finds fusermount3 (or fusermount) on PATH or where
+// Debian installs it: mount(8) runs helpers with an empty PATH.
+func FusermountPath() (string, bool) {
+	for _, prog := range []string{"fusermount3", "fusermount"} {
+		if p, err := exec.LookPath(prog); err == nil {
+			return p, true
+		}
+		for _, dir := range []string{"/usr/bin", "/bin", "/usr/local/bin"} {
+			p := filepath.Join(dir, prog)
+			if st, err := os.Stat(p); err == nil && st.Mode()&0o111 != 0 {
+				return p, true
+			}
+		}
+	}
+	return "", false
 }

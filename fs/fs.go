@@ -119,8 +119,16 @@ func Mount(cfg Config, d *dmd.DMD, kernel *KernelNotifier, log *slog.Logger) (*F
 
 	opts := fsys.mountOptions()
 	raw := newCountingFS(gofs.NewNodeFS(root, opts), fsys.ops)
-	server, err := fuse.NewServer(raw, cfg.Mountpoint, &opts.MountOptions)
+	var server *fuse.Server
+	said := captureStderr(func() {
+		server, err = fuse.NewServer(raw, cfg.Mountpoint, &opts.MountOptions)
+	})
 	if err != nil {
+		// fusermount3 says why on its stderr (an unknown option, no
+		// access to /dev/fuse); go-fuse only gives its exit code.
+		if msg := fusermountSaid(said); msg != "" {
+			return nil, fmt.Errorf("mount %s: %s", cfg.Mountpoint, msg)
+		}
 		return nil, fmt.Errorf("mount %s: %w", cfg.Mountpoint, err)
 	}
 	go server.Serve()

@@ -74,8 +74,10 @@ func TestBadInput(t *testing.T) {
 		{"mountpoint inside backing", nil, backingErr, "inside the backing", []string{"--backing", backing, mntInBacking}},
 		{"missing mountpoint", nil, mountpointErr, "does not exist", []string{"--backing", backing, filepath.Join(dir, "nomnt")}},
 		{"mountpoint is a file", nil, mountpointErr, "not a directory", []string{"--backing", backing, file}},
-		{"no fusermount3", []string{"PATH=" + dir}, noFuse, "fusermount3 not found", []string{"--backing", backing, mnt}},
-		{"kernel refuses the mount", nil, mountFailed, "mount", []string{"-o", "no_such_fuse_option", "--backing", backing, mnt}},
+		// fusermount3's own message; found where Debian puts it when
+		// PATH lacks it (mount(8) runs helpers with an empty PATH).
+		{"kernel refuses the mount", nil, mountFailed, "fusermount3: unknown option 'no_such_fuse_option'", []string{"-o", "no_such_fuse_option", "--backing", backing, mnt}},
+		{"fusermount3 outside PATH", []string{"PATH=" + dir}, mountFailed, "fusermount3: unknown option 'no_such_fuse_option'", []string{"-o", "no_such_fuse_option", "--backing", backing, mnt}},
 		{"store unreachable", nil, storeErr, "127.0.0.1:1", []string{"--store", "etcd://127.0.0.1:1", "--backing", backing, mnt}},
 		{"secret in clear in etcd", []string{"DYADFS_INSECURE_STORE_SECRET=0"}, usage, "the job secret would be kept in clear in etcd", []string{"--store", "etcd://127.0.0.1:1", "--backing", backing, mnt}},
 		{"etcd certificate without TLS", nil, usage, "write the store as https://", []string{"--store", "etcd://127.0.0.1:1", "--etcd-cacert", file, "--backing", backing, mnt}},

@@ -18,7 +18,9 @@ const usage = `dyadfs: a FUSE filesystem for DYAD-style producer/consumer file s
 
 Usage:
   dyadfs mount [flags] MOUNTPOINT   mount the managed directory (runs as a daemon)
-  dyadfs status [--json] MOUNTPOINT show a mount's settings and counters
+  dyadfs unmount [--lazy] MOUNTPOINT
+                                    end the waiting opens and unmount
+  dyadfs status [--json] PATH       show a mount's settings and counters
   dyadfs wait [--timeout D] PATH... wait until files are published and here
   dyadfs prefetch [--jobs N] [--wait] PATH...
                                     bring the files under PATHs here ahead of the reads
@@ -29,7 +31,8 @@ Usage:
   dyadfs version                    print the version
   dyadfs help [COMMAND]             show help
 
-Unmount with: fusermount3 -u MOUNTPOINT (or send SIGTERM to the daemon).
+Unmount with dyadfs unmount MOUNTPOINT: it ends the opens that wait (fusermount3 -u
+fails while one does), or send SIGTERM to the daemon.
 `
 
 func main() {
@@ -55,6 +58,8 @@ func run(args []string, stdout io.Writer) error {
 		return runMount(rest)
 	case "status":
 		return runStatus(rest, stdout)
+	case "unmount", "umount":
+		return runUnmount(rest, stdout)
 	case "wait":
 		return runWait(rest, stdout)
 	case "prefetch":
@@ -93,6 +98,8 @@ func runHelp(args []string, stdout io.Writer) error {
 	case "status":
 		fmt.Fprint(stdout, statusUsage)
 		return nil
+	case "unmount", "umount":
+		return runUnmount([]string{"--help"}, stdout)
 	case "wait":
 		return runWait([]string{"--help"}, stdout)
 	case "prefetch":

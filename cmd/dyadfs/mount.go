@@ -88,7 +88,7 @@ func preflight(c *mountConfig) error {
 	case errors.Is(err, iofs.ErrNotExist):
 		return fail(exitMountpoint, fmt.Sprintf("mountpoint %s does not exist: create it (mkdir -p %s)", c.Mountpoint, c.Mountpoint))
 	case errors.Is(err, syscall.ENOTCONN):
-		return fail(exitMountpoint, fmt.Sprintf("mountpoint %s is a FUSE mount whose daemon died: unmount it first (fusermount3 -u %s)", c.Mountpoint, c.Mountpoint))
+		return fail(exitMountpoint, fmt.Sprintf("mountpoint %s is still mounted, but its daemon is not running (it died): clear it with dyadfs unmount %s (or fusermount3 -u %s), then mount again", c.Mountpoint, c.Mountpoint, c.Mountpoint))
 	case err != nil:
 		return fail(exitMountpoint, fmt.Sprintf("mountpoint %s: %v", c.Mountpoint, err))
 	case !st.IsDir():
@@ -98,6 +98,10 @@ func preflight(c *mountConfig) error {
 		return fail(exitMountpoint, fmt.Sprintf("mountpoint: %v", err))
 	}
 	if fstype, ok := mountedAt(c.Mountpoint); ok {
+		var sfs unix.Statfs_t
+		if strings.HasPrefix(fstype, "fuse") && errors.Is(unix.Statfs(c.Mountpoint, &sfs), unix.ENOTCONN) {
+			return fail(exitMountpoint, fmt.Sprintf("mountpoint %s is still mounted, but its daemon is not running (it died): clear it with dyadfs unmount %s (or fusermount3 -u %s), then mount again", c.Mountpoint, c.Mountpoint, c.Mountpoint))
+		}
 		return fail(exitMountpoint, fmt.Sprintf("%s is already mounted (%s): unmount it first (fusermount3 -u %s)", c.Mountpoint, fstype, c.Mountpoint))
 	}
 	if within(c.DMD.Backing, c.Mountpoint) {
@@ -120,8 +124,8 @@ func preflight(c *mountConfig) error {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		return fail(exitNoFuse, "/dev/fuse is missing: load the fuse module (modprobe fuse) or run where FUSE is available")
 	}
-	if _, err := exec.LookPath("fusermount3"); err != nil {
-		return fail(exitNoFuse, "fusermount3 not found: install fuse3 (apt-get install fuse3, or run scripts/setup.sh)")
+	if _, err := findFusermount(); err != nil {
+		return err
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 
 	"github.com/spf13/pflag"
@@ -58,6 +59,9 @@ func runStatus(args []string, stdout io.Writer) error {
 	data, err := os.ReadFile(filepath.Join(root, dmd.InternalDir, fs.StatusFile))
 	if errors.Is(err, iofs.ErrNotExist) || errors.Is(err, iofs.ErrPermission) {
 		return fail(exitNotMounted, fmt.Sprintf("%s is not a dyadfs mount", mnt))
+	}
+	if errors.Is(err, syscall.ENOTCONN) {
+		return fail(exitNotMounted, fmt.Sprintf("the dyadfs daemon of %s is not running (it died; its log says why): clear the mount with dyadfs unmount %s (or fusermount3 -u %s), then mount again", mnt, mnt, mnt))
 	}
 	if err != nil {
 		return fail(exitNotMounted, fmt.Sprintf("%s: %v", mnt, err))
