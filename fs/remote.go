@@ -59,6 +59,11 @@ func attrFromRecord(rec hfl.Record, ino uint64, out *fuse.Attr) {
 		out.Size = uint64(len(rec.Target))
 	}
 	out.Blocks = (out.Size + 511) / 512
+	if rec.Alloc > 0 {
+		// A sparse file: the space its data takes on its owner, as du
+		// and cp --sparse=auto there would see it.
+		out.Blocks = uint64(rec.Alloc) / 512 // 1: none
+	}
 	out.Blksize = 4096
 	out.Nlink = 1
 	out.Owner = fuse.Owner{Uid: rec.Uid, Gid: rec.Gid}

@@ -56,6 +56,16 @@ func TestClusterRanges(t *testing.T) {
 	a := c.addNode("a")
 	b := c.addNode("b", "--range-threshold", "64MiB", "--metrics", ":9466")
 	a.mustSh("head -c 1073741824 /dev/urandom > big")
+
+	// A sparse file not fetched yet shows its owner's block count: du
+	// and cp --sparse see what its data takes, not its size.
+	a.mustSh("truncate -s 100M sparse && head -c 3000000 /dev/urandom | dd of=sparse bs=1M seek=7 conv=notrunc status=none")
+	var shown, owners int
+	fmt.Sscan(b.mustSh("stat -c %b sparse"), &shown)
+	fmt.Sscan(a.mustSh("stat -c %b sparse"), &owners)
+	if shown < owners*99/100 || shown > owners*101/100+8 { // the owner's filesystem may add an extent block since
+		t.Fatalf("a sparse file of another node shows %d blocks, %d on its owner", shown, owners)
+	}
 	offs := []string{"0", "97", "194", "291", "388", "485", "582", "679", "776", "1023"}
 	want := readRanges(t, a, "big", append(offs, "m500", "800", "801")...)
 
