@@ -172,8 +172,19 @@ func TestClusterStoreDown(t *testing.T) {
 		t.Fatalf("down.txt is not listed as unpublished")
 	}
 	a.waitStatus("etcd unreachable", func(st fs.Status) bool { return storeSection(st)["reachable"] == false })
+	// The status names the endpoint that does not answer, and counts the
+	// close that waits for its publish.
+	if e, _ := storeSection(a.status())["error"].(string); !strings.Contains(e, etcdAddr) {
+		t.Fatalf("the store's error %q does not name its endpoint %s", e, etcdAddr)
+	}
+	closing := a.startSh("echo x > waiting.txt")
+	a.waitStatus("a close waiting for its publish counted", func(st fs.Status) bool {
+		n, _ := storeSection(st)["publishes_in_progress"].(float64)
+		return n >= 1
+	})
+	<-closing
 	c.startEtcd()
-	a.waitStatus("down.txt published", func(st fs.Status) bool { return len(st.Unpublished) == 0 })
+	a.waitStatus("down.txt and waiting.txt published", func(st fs.Status) bool { return len(st.Unpublished) == 0 })
 	if got := b.mustSh("cat down.txt"); got != "while-down" {
 		t.Fatalf("down.txt reads %q once etcd is back", got)
 	}

@@ -65,6 +65,8 @@ func (m *storeMonitor) section(d *dmd.DMD) map[string]any {
 		"records":           h.Records,
 		"alarms":            h.Alarms,
 		"pending_publishes": d.PendingPublishes(),
+		// Closes publishing now: during an outage, those that wait.
+		"publishes_in_progress": d.PublishesInProgress(),
 	}
 	if h.Quota > 0 {
 		s["quota_bytes"] = h.Quota

@@ -168,6 +168,18 @@ func (d *DMD) PendingPublishes() int {
 	return len(d.retries)
 }
 
+// PublishesInProgress is how many closes are publishing their file now
+// (a close that waits for the store is one of them).
+func (d *DMD) PublishesInProgress() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, c := range d.releasing {
+		n += c
+	}
+	return n
+}
+
 // maxPendingListed bounds the status's list of pending publishes.
 const maxPendingListed = 100
 

@@ -668,6 +668,7 @@ func (s *Store) Health(ctx context.Context, namespace string) (store.Health, err
 	var h store.Health
 	var statusErr error
 	answered := false
+	start := time.Now()
 	for _, ep := range s.cfg.Endpoints {
 		st, err := s.cli.Status(cctx, ep)
 		if err != nil {
@@ -678,6 +679,10 @@ func (s *Store) Health(ctx context.Context, namespace string) (store.Health, err
 		h.Bytes = max(h.Bytes, st.DbSize)
 	}
 	if !answered {
+		if s.ctx.Err() == nil && (ctx.Err() != nil || cctx.Err() != nil) {
+			// Say which endpoints were asked, whoever's deadline ended it.
+			return store.Health{}, fmt.Errorf("etcd: no answer from %s within %v: %w", s.endpoints, time.Since(start).Round(time.Millisecond), store.ErrUnavailable)
+		}
 		return store.Health{}, s.fail(ctx, cctx, "status", "", statusErr)
 	}
 	alarms, err := s.cli.AlarmList(cctx)
