@@ -3,6 +3,7 @@ package hfl
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -99,6 +100,50 @@ func JobSecret(ctx context.Context, s Store, namespace string) ([]byte, error) {
 		return nil, fmt.Errorf("job secret of namespace %s: %w", namespace, err)
 	}
 	return secret, nil
+}
+
+// secretMarkKey holds the fingerprint of the secret a namespace's nodes
+// authenticate each other with.
+func secretMarkKey(namespace string) string { return namespace + "/secret-fingerprint" }
+
+// ErrSecretMismatch: this node's job secret is not the one the job's
+// other nodes use: no transfer between them could be authenticated.
+var ErrSecretMismatch = errors.New("job secrets differ")
+
+// secretMark is what secretMarkKey holds.
+type secretMark struct {
+	Fingerprint string    `json:"fingerprint"`
+	Node        string    `json:"node"`
+	At          time.Time `json:"at"`
+}
+
+// SecretFingerprint is a short, one-way digest of a job secret: safe to
+// show and to keep in the store.
+func SecretFingerprint(secret []byte) string {
+	h := sha256.Sum256(append([]byte("dyadfs job secret fingerprint\x00"), secret...))
+	return hex.EncodeToString(h[:8])
+}
+
+// CheckSecret checks, as a node mounts, that secret is the job's: the
+// first node of the namespace keeps its fingerprint in the store, and a
+// node with another secret is refused (ErrSecretMismatch, naming the node
+// that kept the fingerprint) instead of failing every transfer later.
+func CheckSecret(ctx context.Context, s Store, namespace, node string, secret []byte) error {
+	mine := secretMark{Fingerprint: SecretFingerprint(secret), Node: node, At: time.Now().UTC().Truncate(time.Second)}
+	v, _ := json.Marshal(mine)
+	got, err := s.PutIfAbsent(ctx, secretMarkKey(namespace), v)
+	if err != nil {
+		return fmt.Errorf("job secret of namespace %s: %w", namespace, err)
+	}
+	var kept secretMark
+	if err := json.Unmarshal(got, &kept); err != nil || kept.Fingerprint == "" {
+		return nil // written by something else: nothing to compare
+	}
+	if kept.Fingerprint != mine.Fingerprint {
+		return fmt.Errorf("%w: this node's has fingerprint %s, the job's (kept by node %s since %s) %s",
+			ErrSecretMismatch, mine.Fingerprint, kept.Node, kept.At.Format(time.RFC3339), kept.Fingerprint)
+	}
+	return nil
 }
 
 // storeIDKey holds the identity of a namespace's records in a store.

@@ -160,3 +160,32 @@ func TestClusterDuplicateNodeID(t *testing.T) {
 		t.Fatalf("b read %q from a after the refusal", got)
 	}
 }
+
+// TestClusterOtherSecretRefused: a node given another job secret than the
+// job's nodes use is refused at mount, with one line naming the node that
+// holds the job's secret and what to copy, and its own exit code; it
+// does not mount and then fail every transfer with EIO.
+func TestClusterOtherSecretRefused(t *testing.T) {
+	c := newCluster(t, 2)
+	a, b := c.nodes[0], c.nodes[1]
+	mnt, backing := filepath.Join(c.dir, "other-mnt"), filepath.Join(c.dir, "other-backing")
+	os.Mkdir(mnt, 0o755)
+	os.Mkdir(backing, 0o755)
+	secret := filepath.Join(c.dir, "other-secret")
+	if err := os.WriteFile(secret, []byte("another secret, 32 bytes long..\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := b.run(dyadfsBin, "mount", "--store", "etcd://"+etcdAddr, "--namespace", c.namespace,
+		"--node", "other", "--listen", b.ip+":7448", "--backing", backing,
+		"--log-file", filepath.Join(c.dir, "other.log"), "--secret-file", secret, mnt)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 16 {
+		t.Fatalf("a node with another secret: %v, want exit code 16; output %q", err, out)
+	}
+	if strings.Count(out, "\n") != 1 || !strings.Contains(out, "job secrets differ") || !strings.Contains(out, "node "+a.name) || !strings.Contains(out, "copy") {
+		t.Fatalf("a node with another secret printed %q, want one line naming node %s and what to copy", out, a.name)
+	}
+	if _, err := b.run("mountpoint", "-q", mnt); err == nil {
+		t.Fatalf("%s is mounted after the refusal", mnt)
+	}
+}

@@ -18,6 +18,7 @@ const (
 	exitJobRunning  = 13 // forget: daemons of the namespace are running
 	exitPrefetch    = 14 // prefetch: a path could not be brought here, or the timeout passed
 	exitMetrics     = 15 // mount: the metrics address could not be listened on
+	exitSecret      = 16 // mount: this node's job secret is not the one the job's nodes use
 )
 
 // exitError is an error with the exit code it ends the command with.

@@ -55,6 +55,15 @@ func openTransport(ctx context.Context, c *mountConfig, store hfl.Store, fx *flu
 		}
 		cfg.Secret = secret
 	}
+	if err := hfl.CheckSecret(ctx, store, c.Locator.Namespace, c.DMD.Node, cfg.Secret); errors.Is(err, hfl.ErrSecretMismatch) {
+		from := "the one kept in the store"
+		if c.SecretFile != "" {
+			from = "--secret-file " + c.SecretFile
+		}
+		return nil, fail(exitSecret, fmt.Sprintf("%v: this node's secret (%s) is not the job's; copy the secret file the job's nodes use here (it must be the same on every node), or, if the whole job moved to a new secret, run dyadfs forget --namespace %s first", err, from, c.Locator.Namespace))
+	} else if err != nil {
+		return nil, fail(exitStore, err.Error())
+	}
 	t, err := newTransport(c.DTL, cfg, c.Locator.Namespace, fx)
 	if err != nil {
 		return nil, fail(exitUsage, err.Error())

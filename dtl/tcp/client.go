@@ -479,7 +479,7 @@ func (t *Transport) handshake(cc *clientConn) error {
 	}
 	pr := peerauth.Proof{ClientNonce: h.Nonce, ServerNonce: ch.Nonce, ClientNode: h.Node, ServerNode: ch.Node}
 	if !peerauth.Valid(t.cfg.Secret, labelServer, pr, ch.MAC) {
-		t.log.Warn("refused server: it does not hold this job's secret", "addr", addr, "node", ch.Node)
+		t.log.Warn("the node answering does not hold this job's secret (job secrets differ); nothing is fetched from it", "addr", addr, "node", ch.Node)
 		return fmt.Errorf("tcp transport: %s: %w", addr, &dtl.RemoteError{Err: dtl.ErrUnauthorized, Msg: fmt.Sprintf("server %q could not prove it holds this job's secret", ch.Node)})
 	}
 	cc.node = ch.Node

@@ -693,7 +693,7 @@ func (w *worker) onChallenge(e *endpoint, h header, p []byte) {
 	secret := w.t.cfg.Secret
 	pr := peerauth.Proof{ClientNonce: e.clientNonce, ServerNonce: c.nonce, ClientNode: w.t.cfg.Node, ServerNode: c.node}
 	if !peerauth.Valid(secret, labelServer, pr, c.mac) {
-		w.log.Warn("refused server: it does not hold this job's secret", "addr", e.addr, "node", c.node)
+		w.log.Warn("the node answering does not hold this job's secret (job secrets differ); nothing is fetched from it", "addr", e.addr, "node", c.node)
 		w.closeEP(e, fmt.Errorf("ucx transport: %s: %w", e.addr, &dtl.RemoteError{Err: dtl.ErrUnauthorized, Msg: fmt.Sprintf("server %q could not prove it holds this job's secret", c.node)}), true)
 		return
 	}
