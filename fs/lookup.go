@@ -236,7 +236,8 @@ func (p *pendingFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, 
 func (fsys *FS) openWhenHere(ctx context.Context, rel string, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	var f *os.File
 	for attempt := 0; ; attempt++ {
-		_, ranged, err := fsys.dmd.WaitOpen(ctx, rel, callerTid(ctx))
+		tid := callerTid(ctx)
+		_, ranged, err := fsys.dmd.WaitOpen(ctx, rel, tid, func() bool { return !caller.WholeFiles(tid) })
 		if err != nil {
 			return nil, 0, fsys.errno("open", rel, err)
 		}

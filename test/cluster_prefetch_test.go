@@ -14,7 +14,9 @@ import (
 // reported at once, or waited for with --wait. The consumer's metrics
 // count the fetches, their bytes and durations.
 func TestClusterPrefetch(t *testing.T) {
-	c := newCluster(t, 2, "--metrics", ":9464")
+	// Files of 16 KiB and more would be read in ranges: prefetch still
+	// brings them whole.
+	c := newCluster(t, 2, "--metrics", ":9464", "--range-threshold", "16KiB")
 	a, b := c.nodes[0], c.nodes[1]
 	// 20 KiB: larger than a file whose bytes travel with its notices, so
 	// that each is a transfer.
@@ -33,7 +35,7 @@ find tree -type f | sort | xargs cat | sha256sum > /tmp/want-` + c.namespace)
 	before := copyCount(b.status())
 	start := time.Now()
 	out, err := b.run(dyadfsBin, "prefetch", "--jobs", "8", c.mnt+"/tree")
-	if err != nil || !strings.Contains(out, "prefetched 1000 files, 19.5 MiB") || !strings.Contains(out, " 0 failed") {
+	if err != nil || !strings.Contains(out, "prefetched 1000 files (0 here already, 1000 fetched), 19.5 MiB") || !strings.Contains(out, " 0 failed") {
 		t.Fatalf("dyadfs prefetch: %v\n%s", err, out)
 	}
 	t.Logf("prefetch of 1,000 files took %v: %s", time.Since(start), strings.TrimSpace(out))
@@ -72,6 +74,17 @@ find tree -type f | sort | xargs cat | sha256sum > /tmp/want-` + c.namespace)
 	if n := copyCount(b.status()) - before; n != 1000 {
 		t.Fatalf("reading the prefetched tree made %d more copies", n-1000)
 	}
+	// Again: everything is here already.
+	if out, err := b.run(dyadfsBin, "prefetch", c.mnt+"/tree"); err != nil || !strings.Contains(out, "prefetched 1000 files (1000 here already, 0 fetched)") {
+		t.Fatalf("a second prefetch: %v\n%s", err, out)
+	}
+	// Outside any dyadfs mount: refused, not "prefetched".
+	if out, err := b.run(dyadfsBin, "prefetch", c.dir); err == nil || !strings.Contains(out, "not in a dyadfs mount") {
+		t.Fatalf("prefetch of a path outside the mount: %v\n%s", err, out)
+	}
+	if out, err := b.run(dyadfsBin, "wait", c.dir+"/x"); err == nil || !strings.Contains(out, "not in a dyadfs mount") {
+		t.Fatalf("wait for a path outside the mount: %v\n%s", err, out)
+	}
 
 	// Published nowhere: reported at once, exit 14; with --wait, waited.
 	start = time.Now()
@@ -83,7 +96,7 @@ find tree -type f | sort | xargs cat | sha256sum > /tmp/want-` + c.namespace)
 	waiter := b.startSh(dyadfsBin + " prefetch --wait later.dat")
 	b.waitStatus("prefetch --wait waits", waiting(1))
 	a.mustSh("head -c 100000 /dev/urandom > later.dat")
-	if r := within(t, "prefetch --wait", bound, waiter); r.err != nil || !strings.Contains(r.stdout, "prefetched 1 files, 97.7 KiB") {
+	if r := within(t, "prefetch --wait", bound, waiter); r.err != nil || !strings.Contains(r.stdout, "prefetched 1 files (0 here already, 1 fetched), 97.7 KiB") {
 		t.Fatalf("prefetch --wait: %v", r)
 	}
 	if a, b := sha(a, "later.dat"), sha(b, "later.dat"); a != b {

@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -15,6 +18,8 @@ import (
 
 	"github.com/spf13/pflag"
 
+	dfs "github.com/dyadfs/dyadfs/fs"
+	"github.com/dyadfs/dyadfs/fs/dmd"
 	"github.com/dyadfs/dyadfs/internal/size"
 )
 
@@ -37,6 +42,47 @@ Flags:
 // prefetchStats are the counts the progress line and the summary show.
 type prefetchStats struct {
 	files, bytes, failed atomic.Int64
+	// here: files that were here already (counted in files too).
+	here atomic.Int64
+}
+
+// wholeFilesEnv makes the daemon fetch whole files for this process (see
+// caller.EnvRanges): a large file would otherwise only be opened in
+// ranges, and nothing of it brought here.
+const wholeFilesEnv = "DYADFS_RANGES=0"
+
+// asksWholeFiles makes sure this process's environment, as the daemon
+// reads it (/proc/PID/environ: what the process started with), asks for
+// whole files: if not, it starts itself again with it.
+func asksWholeFiles() error {
+	if os.Getenv("DYADFS_RANGES") == "0" {
+		return nil
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	return syscall.Exec(self, os.Args, append(os.Environ(), wholeFilesEnv))
+}
+
+// alreadyHere reports whether the file at p, in the dyadfs mount mnt, is
+// here in its current version (the mount's locate view says local),
+// without opening it.
+func alreadyHere(mnt, p string) bool {
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return false
+	}
+	rel, err := filepath.Rel(mnt, abs)
+	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+		return false
+	}
+	data, err := os.ReadFile(filepath.Join(mnt, dmd.InternalDir, dfs.LocateDir, url.PathEscape(rel)))
+	if err != nil {
+		return false
+	}
+	var l dfs.Located
+	return json.Unmarshal(data, &l) == nil && l.Level == "local"
 }
 
 func runPrefetch(args []string, stdout io.Writer) error {
@@ -52,6 +98,26 @@ func runPrefetch(args []string, stdout io.Writer) error {
 	}
 	if *timeout < 0 {
 		return fail(exitUsage, fmt.Sprintf("--timeout %v must not be negative", *timeout))
+	}
+	mounts := make(map[string]string, flags.NArg())
+	for _, p := range flags.Args() {
+		mnt, ok := dyadfsMountOf(p)
+		if !ok {
+			return fail(exitNotMounted, fmt.Sprintf("%s is not in a dyadfs mount: nothing to bring here", p))
+		}
+		mounts[p] = mnt
+	}
+	if err := asksWholeFiles(); err != nil {
+		return fail(exitInternal, fmt.Sprintf("cannot start again asking for whole files: %v", err))
+	}
+	mountOf := func(p string) string {
+		for root, mnt := range mounts {
+			if within(filepath.Clean(p), filepath.Clean(root)) {
+				return mnt
+			}
+		}
+		m, _ := dyadfsMountOf(p)
+		return m
 	}
 
 	var st prefetchStats
@@ -130,6 +196,9 @@ func runPrefetch(args []string, stdout io.Writer) error {
 		go func() {
 			defer workers.Done()
 			for p := range files {
+				if alreadyHere(mountOf(p), p) {
+					st.here.Add(1)
+				}
 				n, err := bringHere(p)
 				if err != nil {
 					report(p, err)
@@ -192,6 +261,7 @@ func bringHere(p string) (int64, error) {
 func (s *prefetchStats) summary(took time.Duration) string {
 	files, bytes := s.files.Load(), s.bytes.Load()
 	secs := max(took.Seconds(), 1e-3)
-	return fmt.Sprintf("%d files, %s in %v (%.0f files/s, %s/s), %d failed",
-		files, size.Format(bytes), took.Round(time.Millisecond), float64(files)/secs, size.Format(int64(float64(bytes)/secs)), s.failed.Load())
+	here := s.here.Load()
+	return fmt.Sprintf("%d files (%d here already, %d fetched), %s in %v (%.0f files/s, %s/s), %d failed",
+		files, here, files-here, size.Format(bytes), took.Round(time.Millisecond), float64(files)/secs, size.Format(int64(float64(bytes)/secs)), s.failed.Load())
 }

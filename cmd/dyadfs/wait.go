@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 
@@ -33,9 +34,18 @@ func runWait(args []string, stdout io.Writer) error {
 		return fail(exitUsage, fmt.Sprintf("--timeout %v must not be negative", *timeout))
 	}
 
-	errc := make(chan error, flags.NArg())
 	for _, p := range flags.Args() {
-		go func() { errc <- openAndClose(p) }()
+		if _, ok := dyadfsMountOf(p); !ok {
+			return fail(exitNotMounted, fmt.Sprintf("%s is not in a dyadfs mount: nothing would publish it", p))
+		}
+	}
+	type done struct {
+		path string
+		err  error
+	}
+	donec := make(chan done, flags.NArg())
+	for _, p := range flags.Args() {
+		go func() { donec <- done{p, openAndClose(p)} }()
 	}
 	var expired <-chan time.Time
 	if *timeout > 0 {
@@ -43,14 +53,25 @@ func runWait(args []string, stdout io.Writer) error {
 		defer t.Stop()
 		expired = t.C
 	}
+	pending := make(map[string]bool, flags.NArg())
+	for _, p := range flags.Args() {
+		pending[p] = true
+	}
 	for range flags.NArg() {
 		select {
-		case err := <-errc:
-			if err != nil {
-				return fail(exitWait, err.Error())
+		case d := <-donec:
+			if d.err != nil {
+				return fail(exitWait, d.err.Error())
 			}
+			delete(pending, d.path)
 		case <-expired:
-			return fail(exitWait, fmt.Sprintf("not every file was published within %v", *timeout))
+			var names []string
+			for _, p := range flags.Args() {
+				if pending[p] {
+					names = append(names, p)
+				}
+			}
+			return fail(exitWait, fmt.Sprintf("%d of %d files not published within %v: %s", len(names), flags.NArg(), *timeout, strings.Join(names, " ")))
 		}
 	}
 	return nil

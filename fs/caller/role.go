@@ -33,6 +33,10 @@ const (
 	EnvWait     = "DYADFS_WAIT"
 	EnvConsumer = "DYAD_PATH_CONSUMER"
 	EnvProducer = "DYAD_PATH_PRODUCER"
+	// EnvRanges=0 (no, false, off): the process's opens of large files
+	// fetch them whole before they return, instead of reading them in
+	// ranges (dyadfs prefetch sets it).
+	EnvRanges = "DYADFS_RANGES"
 )
 
 // Role is what a process said about waiting.
@@ -126,11 +130,22 @@ func parseEnviron(b []byte) map[string]string {
 			continue
 		}
 		switch string(name) {
-		case EnvWait, EnvConsumer, EnvProducer:
+		case EnvWait, EnvConsumer, EnvProducer, EnvRanges:
 			out[string(name)] = string(value)
 		}
 	}
 	return out
+}
+
+// WholeFiles reports whether thread tid's process asked for whole files
+// (DYADFS_RANGES=0).
+func WholeFiles(tid uint32) bool {
+	env, _ := roles.get(tid)
+	switch strings.ToLower(strings.TrimSpace(env[EnvRanges])) {
+	case "0", "no", "false", "off":
+		return true
+	}
+	return false
 }
 
 // decideRole applies the rules above.

@@ -163,16 +163,20 @@ func (d *DMD) readsInRanges(rec hfl.Record) bool {
 }
 
 // rangedSlot, in a wait's context, receives the file the wait opened in
-// ranges, for an open that can read it so.
-type rangedSlot struct{ f *RangedFile }
+// ranges, for an open that can read it so; allow, if not nil, says
+// whether the opener takes ranges (asked only of files that qualify).
+type rangedSlot struct {
+	f     *RangedFile
+	allow func() bool
+}
 
 type rangedSlotKey struct{}
 
 // WaitOpen is WaitPath for an open that reads: a large file of another
 // node is not fetched but opened in ranges, and returned (to be released
 // with Release); otherwise the backing path of the file, complete here.
-func (d *DMD) WaitOpen(ctx context.Context, rel string, tid uint32) (string, *RangedFile, error) {
-	slot := &rangedSlot{}
+func (d *DMD) WaitOpen(ctx context.Context, rel string, tid uint32, allow func() bool) (string, *RangedFile, error) {
+	slot := &rangedSlot{allow: allow}
 	p, err := d.WaitPath(context.WithValue(ctx, rangedSlotKey{}, slot), rel, tid)
 	if err != nil {
 		if slot.f != nil {
@@ -188,7 +192,7 @@ func (d *DMD) WaitOpen(ctx context.Context, rel string, tid uint32) (string, *Ra
 // One open makes the file; the others of the path wait for it.
 func (d *DMD) openRanged(ctx context.Context, rel string, rec hfl.Record) (*RangedFile, error) {
 	slot, ok := ctx.Value(rangedSlotKey{}).(*rangedSlot)
-	if !ok || !d.readsInRanges(rec) {
+	if !ok || !d.readsInRanges(rec) || (slot.allow != nil && !slot.allow()) {
 		return nil, errNoRanges
 	}
 	rs := &d.ranged
