@@ -83,6 +83,7 @@ func TestBadInput(t *testing.T) {
 		{"etcd certificate without TLS", nil, usage, "write the store as https://", []string{"--store", "etcd://127.0.0.1:1", "--etcd-cacert", file, "--backing", backing, mnt}},
 		{"etcd user without password file", nil, usage, "go together", []string{"--store", "etcd://127.0.0.1:1", "--etcd-user", "job", "--backing", backing, mnt}},
 		{"bad transport", nil, usage, "not available in this build", []string{"--dtl", "margo", "--backing", backing, mnt}},
+		{"bad metrics port", nil, usage, "port from 0 to 65535", []string{"--metrics", "127.0.0.1:99999", "--backing", backing, mnt}},
 		{"short secret", nil, usage, "at least 16 bytes", []string{"--secret-file", shortSecret, "--backing", backing, mnt}},
 		{"readable secret", nil, usage, "chmod 600", []string{"--secret-file", file, "--backing", backing, mnt}},
 	}

@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -136,8 +137,16 @@ func TestClusterStoreFull(t *testing.T) {
 	if out, err := a.run(dyadfsBin, "forget", "--store", storeURL, "--namespace", c.namespace); err == nil || !strings.Contains(out, "running") {
 		t.Fatalf("forget of a running job: %v %s", err, out)
 	}
+	if out, err := a.run(dyadfsBin, "forget", "--dry-run", "--store", storeURL, "--namespace", "old-job"); err != nil || !strings.Contains(out, "would forget namespace old-job") {
+		t.Fatalf("forget --dry-run of a finished job: %v %s", err, out)
+	}
 	if out, err := a.run(dyadfsBin, "forget", "--store", storeURL, "--namespace", "old-job"); err != nil || !strings.Contains(out, "forgot namespace old-job") {
 		t.Fatalf("forget of a finished job: %v %s", err, out)
+	}
+	// A namespace with nothing in the store (a typo): an error, not "0 keys".
+	var ee *exec.ExitError
+	if out, err := a.run(dyadfsBin, "forget", "--store", storeURL, "--namespace", "old-jbo"); !errors.As(err, &ee) || ee.ExitCode() != 17 || !strings.Contains(out, "typo") {
+		t.Fatalf("forget of a namespace with nothing in the store: %v %s, want exit 17", err, out)
 	}
 	if got := b.mustSh("cat before.txt"); got != "before" {
 		t.Fatalf("after forgetting another job, before.txt reads %q", got)

@@ -105,11 +105,12 @@ func TestDyadfsWait(t *testing.T) {
 	if r := within(t, "dyadfs wait", bound, w); r.err != nil {
 		t.Fatalf("dyadfs wait: %v", r)
 	}
-	cmd := exec.Command(dyadfsBin, "wait", "--timeout", "200ms", m.path("never"))
+	cmd := exec.Command(dyadfsBin, "wait", "--timeout", "200ms", m.path("a"), m.path("never"))
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != 10 || !strings.Contains(string(out), "200ms") {
-		t.Fatalf("dyadfs wait --timeout: %v %q, want exit 10", err, out)
+	if !errors.As(err, &ee) || ee.ExitCode() != 10 || !strings.Contains(string(out), "200ms") ||
+		!strings.Contains(string(out), "1 of 2") || !strings.Contains(string(out), m.path("never")) {
+		t.Fatalf("dyadfs wait --timeout: %v %q, want exit 10 naming the file given up on", err, out)
 	}
 }
 

@@ -203,7 +203,7 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 	f.Usage = func() {} // help goes to stdout through runHelp
 	v := &mountFlagValues{logLevel: strings.ToLower(c.LogLevel.String()), flags: f}
 	f.StringVar(&c.DMD.Backing, "backing", c.DMD.Backing, "node-local `DIR` that stores the managed directory's files (default: /var/tmp/dyadfs/NAMESPACE, created 0700; /var/tmp/dyadfs-UID/NAMESPACE for other users than root) (DYADFS_BACKING)")
-	f.StringVar(&c.DMD.Node, "node", c.DMD.Node, "this node's `ID`, the owner of the files it publishes (default: the hostname; with a Flux store, the broker's rank)")
+	f.StringVar(&c.DMD.Node, "node", c.DMD.Node, "this node's `ID`, the owner of the files it publishes; give one where hostnames repeat (containers, several daemons on one host); with a Flux store, the broker's rank")
 	f.StringVar(&c.StoreURL, "store", c.StoreURL, "metadata store `URL`: embedded:// (single node), etcd://host:port[,host:port...], https://host:port[,...] (etcd over TLS), or flux:// (the Flux KVS of the instance FLUX_URI names; the default inside a Flux job)")
 	f.StringVar(&c.Locator.Namespace, "namespace", c.Locator.Namespace, "job `NAME` that scopes metadata keys (DYAD_KVS_NAMESPACE)")
 	f.IntVar(&c.Locator.KeyDepth, "key-depth", c.Locator.KeyDepth, "levels of the hashed metadata key (DYAD_KEY_DEPTH)")
@@ -223,7 +223,7 @@ func mountFlags(c *mountConfig) (*pflag.FlagSet, *mountFlagValues) {
 	f.BoolVar(&c.DMD.Ranges.Fill, "range-fill", c.DMD.Ranges.Fill, "fetch the rest of a file read in ranges in the background once it is opened")
 	f.StringVar(&c.DMD.Origin, "origin", c.DMD.Origin, "`DIR` (on a parallel file system) that a read-only open of a path published nowhere reads instead of waiting; only ever read (DYAD_PATH_ORIGIN)")
 	f.BoolVar(&c.DMD.OriginPublish, "origin-publish", c.DMD.OriginPublish, "the first node to read a file from --origin brings it here and publishes it, so that other nodes fetch it from that node instead of the parallel file system")
-	f.StringVar(&c.DTL, "dtl", c.DTL, "data `TRANSPORT` between nodes: tcp, ucx (UCX: RDMA, or TCP and shared memory, as UCX_TLS says), or flux (Flux RPC through the brokers) (DYAD_DTL_MODE: TCP, UCX, FLUX_RPC)")
+	f.StringVar(&c.DTL, "dtl", c.DTL, dtlHelp())
 	f.StringVar(&c.Transport.Listen, "listen", c.Transport.Listen, "`HOST:PORT` the transport serves files on")
 	f.StringVar(&c.Transport.Advertise, "advertise", "", "`HOST:PORT` other nodes reach the transport at (default: the listen address, or this node's first non-loopback address)")
 	f.StringVar(&c.SecretFile, "secret-file", "", "`FILE` holding the job secret that authenticates nodes (default: generated and kept in the store, per namespace)")
@@ -367,17 +367,36 @@ func (v *mountFlagValues) finish(c *mountConfig, args []string) error {
 // dtlNames maps DYAD's DYAD_DTL_MODE values and dyadfs's names to backends.
 var dtlNames = map[string]string{"tcp": "tcp", "ucx": "ucx", "flux_rpc": "flux", "flux-rpc": "flux", "flux": "flux", "margo": "margo"}
 
-// availableDTL lists the transports dyadfs has (flux and ucx answer
-// "built without Flux/UCX" at mount time in a build without them).
-var availableDTL = []string{"tcp", "flux", "ucx"}
+// availableDTL lists the transports this build has.
+var availableDTL = func() []string {
+	names := []string{"tcp"}
+	if ucx.Built {
+		names = append(names, "ucx")
+	}
+	if flux.Built {
+		names = append(names, "flux")
+	}
+	return names
+}()
+
+// dtlHelp describes the transports this build has, for --dtl's help.
+func dtlHelp() string {
+	what := map[string]string{
+		"tcp":  "tcp",
+		"ucx":  "ucx (RDMA, or TCP and shared memory, as UCX_TLS says)",
+		"flux": "flux (Flux RPC through the brokers)",
+	}
+	var parts []string
+	for _, n := range availableDTL {
+		parts = append(parts, what[n])
+	}
+	return "data `TRANSPORT` between nodes, of this build's: " + strings.Join(parts, ", ") + " (DYAD_DTL_MODE)"
+}
 
 func (c *mountConfig) finishTransport(flags *pflag.FlagSet) error {
 	name, ok := dtlNames[strings.ToLower(c.DTL)]
 	if !ok {
 		return fail(exitUsage, fmt.Sprintf("--dtl %q: unknown transport (available: %s)", c.DTL, strings.Join(availableDTL, ", ")))
-	}
-	if !slices.Contains(availableDTL, name) {
-		return fail(exitUsage, fmt.Sprintf("--dtl %s: not available in this build (available: %s)", name, strings.Join(availableDTL, ", ")))
 	}
 	// A backend this binary lacks is a usage error found before the store
 	// is reached.
@@ -387,6 +406,9 @@ func (c *mountConfig) finishTransport(flags *pflag.FlagSet) error {
 	if name == "flux" && !flux.Built {
 		return fail(exitUsage, fmt.Sprintf("--dtl flux: %v", flux.ErrNotBuilt))
 	}
+	if !slices.Contains(availableDTL, name) {
+		return fail(exitUsage, fmt.Sprintf("--dtl %s: not available in this build (available: %s)", name, strings.Join(availableDTL, ", ")))
+	}
 	c.DTL = name
 	c.Transport.Node = c.DMD.Node
 	if _, _, err := net.SplitHostPort(c.Transport.Listen); err != nil {
@@ -395,6 +417,12 @@ func (c *mountConfig) finishTransport(flags *pflag.FlagSet) error {
 	if c.Transport.Advertise != "" {
 		if _, _, err := net.SplitHostPort(c.Transport.Advertise); err != nil {
 			return fail(exitUsage, fmt.Sprintf("--advertise %q: want HOST:PORT (%v)", c.Transport.Advertise, err))
+		}
+	}
+	if c.Metrics != "" {
+		_, port, err := net.SplitHostPort(c.Metrics)
+		if n, perr := strconv.ParseUint(port, 10, 16); err != nil || perr != nil || (n == 0 && port != "0") {
+			return fail(exitUsage, fmt.Sprintf("--metrics %q: want HOST:PORT with a port from 0 to 65535 (such as :9464)", c.Metrics))
 		}
 	}
 	if c.LeaseTTL < time.Second {

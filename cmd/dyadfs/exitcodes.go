@@ -19,6 +19,7 @@ const (
 	exitPrefetch    = 14 // prefetch: a path could not be brought here, or the timeout passed
 	exitMetrics     = 15 // mount: the metrics address could not be listened on
 	exitSecret      = 16 // mount: this node's job secret is not the one the job's nodes use
+	exitNothing     = 17 // forget: the namespace has nothing in the store
 )
 
 // exitError is an error with the exit code it ends the command with.

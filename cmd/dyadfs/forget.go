@@ -16,13 +16,15 @@ import (
 	"github.com/dyadfs/dyadfs/hfl/store"
 )
 
-const forgetUsage = `Usage: dyadfs forget --store URL --namespace JOB [--force] [--page N]
+const forgetUsage = `Usage: dyadfs forget --store URL --namespace JOB [--dry-run] [--force] [--page N]
 
 Deletes everything a finished job (namespace) keeps in the metadata store:
 its records, the directory index, its daemons' registrations and its job
 secret, a page of keys at a time. It refuses while a daemon of the job is
-running, unless --force. The files themselves stay in each node's backing
-directory. To give the space back to etcd afterwards, compact and
+running, unless --force; --dry-run only says what it would delete. A
+namespace that had nothing in the store (a typo?) is an error (exit code
+17).
+The files themselves stay in each node's backing directory. To give the space back to etcd afterwards, compact and
 defragment it (etcdctl compact REV; etcdctl defrag).
 
 Flags:
@@ -34,6 +36,7 @@ func runForget(args []string, stdout io.Writer) error {
 	url := flags.String("store", lookupEnvOr("DYADFS_STORE", ""), "metadata store `URL`: etcd://host:port[,host:port...], https://... for etcd over TLS (DYADFS_STORE)")
 	ns := flags.String("namespace", lookupEnvOr("DYAD_KVS_NAMESPACE", ""), "the job's `NAME` (DYAD_KVS_NAMESPACE)")
 	force := flags.Bool("force", false, "forget even while daemons of the job are registered")
+	dryRun := flags.BoolP("dry-run", "n", false, "say what would be deleted, and delete nothing")
 	page := flags.Int("page", store.DefaultForgetPage, "keys deleted per request")
 	var access etcdAccess
 	if err := access.fromEnv(); err != nil {
@@ -42,7 +45,7 @@ func runForget(args []string, stdout io.Writer) error {
 	access.flags(flags, false)
 	if err := flags.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
-			fmt.Fprint(stdout, forgetUsage+flags.FlagUsages())
+			fmt.Fprint(stdout, forgetUsage+flags.FlagUsagesWrapped(helpWidth))
 			return errHelp
 		}
 		return fail(exitUsage, err.Error()+" (see dyadfs help forget)")
@@ -81,12 +84,19 @@ func runForget(args []string, stdout io.Writer) error {
 	if err != nil {
 		return storeFailed(err)
 	}
+	if *dryRun {
+		fmt.Fprintf(stdout, "would forget namespace %s: %d records and their directory index, %d registered daemons, and its other keys (job secret, values); nothing deleted (dry run)\n", *ns, h.Records, len(live))
+		return nil
+	}
 	bar := newProgress(os.Stderr, 2*h.Records) // a record and its index entry
 	start := time.Now()
 	n, err := s.Forget(ctx, *ns, *page, bar.update)
 	bar.done()
 	if err != nil {
 		return fail(exitStore, fmt.Sprintf("forget %s: %v (after %d keys; run it again to go on)", *ns, err, n))
+	}
+	if n == 0 {
+		return fail(exitNothing, fmt.Sprintf("namespace %s has no keys in the store at %s: nothing was forgotten (a typo in --namespace?)", *ns, *url))
 	}
 	fmt.Fprintf(stdout, "forgot namespace %s: %d keys in %v\n", *ns, n, time.Since(start).Round(time.Millisecond))
 	return nil

@@ -17,22 +17,23 @@ var errHelp = errors.New("help requested")
 const usage = `dyadfs: a FUSE filesystem for DYAD-style producer/consumer file sharing
 
 Usage:
-  dyadfs mount [flags] MOUNTPOINT   mount the managed directory (runs as a daemon)
-  dyadfs unmount [--lazy] MOUNTPOINT
-                                    end the waiting opens and unmount
-  dyadfs status [--json] PATH       show a mount's settings and counters
-  dyadfs wait [--timeout D] PATH... wait until files are published and here
+  dyadfs mount [flags] MOUNTPOINT    mount the managed directory (a daemon)
+  dyadfs unmount [--lazy] MOUNTPOINT end the waiting opens and unmount
+  dyadfs status [--json] PATH        a mount's settings and counters
+  dyadfs wait [--timeout D] PATH...  wait until files are published and here
   dyadfs prefetch [--jobs N] [--wait] PATH...
-                                    bring the files under PATHs here ahead of the reads
-  dyadfs forget --store URL --namespace JOB
-                                    delete what a finished job keeps in the store
+                                     bring the files under PATHs here
+  dyadfs forget --store URL --namespace JOB [--dry-run]
+                                     delete what a finished job keeps in
+                                     the store
   dyadfs key [--key-depth D] [--key-bins B] RELPATH...
-                                    print the metadata key of each path (as DYAD computes it)
-  dyadfs version                    print the version
-  dyadfs help [COMMAND]             show help
+                                     print each path's metadata key (as
+                                     DYAD computes it)
+  dyadfs version, dyadfs --version   print the version
+  dyadfs help [COMMAND]              show help
 
-Unmount with dyadfs unmount MOUNTPOINT: it ends the opens that wait (fusermount3 -u
-fails while one does), or send SIGTERM to the daemon.
+Unmount with dyadfs unmount MOUNTPOINT: it ends the opens that wait,
+which make fusermount3 -u fail (busy); or send SIGTERM to the daemon.
 `
 
 func main() {
@@ -78,6 +79,43 @@ func run(args []string, stdout io.Writer) error {
 	}
 }
 
+// helpWidth is the width help text fits in.
+const helpWidth = 80
+
+const mountUsage = `Usage: dyadfs mount [flags] MOUNTPOINT
+
+Mounts the managed directory at MOUNTPOINT over the node-local --backing
+directory and returns once the mount is ready; the daemon runs on.
+
+Examples:
+  # one node
+  mkdir -p /var/tmp/dmd /mnt/dmd
+  dyadfs mount --backing /var/tmp/dmd /mnt/dmd
+
+  # a node of a job sharing files through etcd
+  dyadfs mount --store etcd://10.0.0.1:2379 --namespace job42 \
+    --secret-file ~/.job42.secret --backing /local/dmd /mnt/dmd
+
+  # as mount(8) and /etc/fstab call it
+  mount -t fuse.dyadfs dyadfs /mnt/dmd -o backing=/local/dmd,allow_other
+`
+
+// wrapHelp wraps one help line at helpWidth, indenting the lines after
+// the first by indent spaces, and ends it with a newline.
+func wrapHelp(line string, indent int) string {
+	var b strings.Builder
+	for len(line) > helpWidth {
+		cut := strings.LastIndexByte(line[:helpWidth], ' ')
+		if cut <= indent {
+			break
+		}
+		b.WriteString(line[:cut] + "\n")
+		line = strings.Repeat(" ", indent) + strings.TrimLeft(line[cut:], " ")
+	}
+	b.WriteString(line + "\n")
+	return b.String()
+}
+
 func runHelp(args []string, stdout io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stdout, usage)
@@ -87,17 +125,13 @@ func runHelp(args []string, stdout io.Writer) error {
 	case "mount":
 		c, _ := defaultMountConfig()
 		flags, _ := mountFlags(&c)
-		fmt.Fprintf(stdout, "Usage: dyadfs mount [flags] MOUNTPOINT\n\n"+
-			"Mounts the managed directory at MOUNTPOINT over the node-local --backing\n"+
-			"directory and returns once the mount is ready; the daemon runs on.\n\nFlags:\n%s\n"+
-			"Environment (flags win over it):\n", flags.FlagUsages())
+		fmt.Fprintf(stdout, "%s\nFlags:\n%s\nEnvironment (flags win over it):\n", mountUsage, flags.FlagUsagesWrapped(helpWidth))
 		for _, e := range envVars {
-			fmt.Fprintf(stdout, "  %-20s %s\n", e.name, e.help)
+			fmt.Fprint(stdout, wrapHelp(fmt.Sprintf("  %-20s %s", e.name, e.help), 23))
 		}
 		return nil
 	case "status":
-		fmt.Fprint(stdout, statusUsage)
-		return nil
+		return runStatus([]string{"--help"}, stdout)
 	case "unmount", "umount":
 		return runUnmount([]string{"--help"}, stdout)
 	case "wait":

@@ -18,7 +18,7 @@ func parseOperands(flags *pflag.FlagSet, args []string, usage, operand string, s
 	flags.Usage = func() {}
 	if err := flags.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
-			fmt.Fprint(stdout, usage+flags.FlagUsages())
+			fmt.Fprint(stdout, usage+flags.FlagUsagesWrapped(helpWidth))
 			return errHelp
 		}
 		return fail(exitUsage, err.Error()+" (see dyadfs help "+name+")")

@@ -34,7 +34,7 @@ func runStatus(args []string, stdout io.Writer) error {
 	flags.Usage = func() {}
 	if err := flags.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
-			fmt.Fprint(stdout, statusUsage)
+			fmt.Fprint(stdout, statusUsage+"\nFlags:\n"+flags.FlagUsagesWrapped(helpWidth))
 			return errHelp
 		}
 		return fail(exitUsage, err.Error()+" (see dyadfs help status)")

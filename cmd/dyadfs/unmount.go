@@ -37,7 +37,7 @@ func runUnmount(args []string, stdout io.Writer) error {
 	if err := flags.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			fmt.Fprint(stdout, unmountUsage)
-			fmt.Fprint(stdout, "\nFlags:\n"+flags.FlagUsagesWrapped(78))
+			fmt.Fprint(stdout, "\nFlags:\n"+flags.FlagUsagesWrapped(helpWidth))
 			return errHelp
 		}
 		return fail(exitUsage, err.Error()+" (see dyadfs help unmount)")
