@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -75,4 +76,39 @@ func TestUnmountEndsWaits(t *testing.T) {
 		t.Fatalf("dyadfs unmount of a dead mount: %v %s", err, out)
 	}
 	os.Remove(m.logFile)
+}
+
+// TestMount8Form: mount(8) mounts dyadfs as it mounts sshfs, through
+// mount.fuse3, with the mount flags given as options and FUSE options
+// beside them; the options of fstab and mount(8) themselves are dropped.
+// (The test names its own binary, mount -t fuse "BINARY#dyadfs"; an
+// installed dyadfs is mount -t fuse.dyadfs dyadfs MOUNTPOINT.)
+func TestMount8Form(t *testing.T) {
+	requireEnv(t)
+	_, mnt, backing := mountDirs(t)
+	logFile := filepath.Join(t.TempDir(), "log")
+	out, err := exec.Command("mount", "-t", "fuse", dyadfsBin+"#dyadfs", mnt,
+		"-o", "backing="+backing+",wait_timeout=7m,log-file="+logFile+",allow_other,nosuid,_netdev,x-systemd.automount").CombinedOutput()
+	if err != nil {
+		t.Fatalf("mount -t fuse ...#dyadfs: %v %s", err, out)
+	}
+	defer exec.Command("fusermount3", "-u", "-z", mnt).Run()
+	st, err := dyadfs(t, "status", "--json", mnt)
+	if err != nil || !strings.Contains(st, `"wait_timeout_seconds": 420`) || !strings.Contains(st, `"backing": "`+backing+`"`) {
+		t.Fatalf("status of the mount(8) mount: %v\n%s", err, st)
+	}
+	info, _ := os.ReadFile("/proc/self/mountinfo")
+	var line string
+	for _, l := range strings.Split(string(info), "\n") {
+		if strings.Contains(l, " "+mnt+" ") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "nosuid") || !strings.Contains(line, "allow_other") || !strings.Contains(line, "fuse.dyadfs") {
+		t.Fatalf("the mount's options: %q, want nosuid and allow_other on a fuse.dyadfs mount", line)
+	}
+	mustSh(t, mnt, "echo x > f && cat f")
+	if out, err := dyadfs(t, "unmount", mnt); err != nil || isMounted(mnt) {
+		t.Fatalf("dyadfs unmount: %v %s", err, out)
+	}
 }

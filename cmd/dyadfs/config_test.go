@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -121,5 +122,20 @@ func TestCacheConfig(t *testing.T) {
 	lookupEnv = func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	if _, err := defaultMountConfig(); err == nil {
 		t.Error("DYAD_CACHE_CAPACITY=big accepted")
+	}
+}
+
+func TestMount8Args(t *testing.T) {
+	got, err := mount8Args([]string{"dyadfs", "/mnt/dmd", "-o",
+		"rw,backing=/local/dmd,store=etcd://10.0.0.1:2379,10.0.0.2:2379,wait_timeout=10m,allow_other,defaults,_netdev,x-systemd.automount,foreground,dev,suid"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "--backing=/local/dmd --store=etcd://10.0.0.1:2379,10.0.0.2:2379 --wait-timeout=10m --foreground -o rw,allow_other,dev,suid -- /mnt/dmd"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("mount8Args: %q\nwant %q", strings.Join(got, " "), want)
+	}
+	if !isMount8Form([]string{"dyadfs", "/mnt/dmd", "-o", "x"}) || isMount8Form([]string{"mount", "/mnt/dmd"}) || isMount8Form([]string{"status", "/mnt"}) {
+		t.Fatal("isMount8Form")
 	}
 }

@@ -75,6 +75,13 @@ func run(args []string, stdout io.Writer) error {
 	case "help", "-h", "--help":
 		return runHelp(rest, stdout)
 	default:
+		if isMount8Form(args) {
+			margs, err := mount8Args(args)
+			if err != nil {
+				return fail(exitUsage, err.Error())
+			}
+			return runMount(margs)
+		}
 		return fail(exitUsage, fmt.Sprintf("unknown command %q (see dyadfs help)", cmd))
 	}
 }

@@ -434,6 +434,7 @@ func serve(c *mountConfig, ready func(error)) (err error) {
 	mounted.Store(fsys)
 	os.Unsetenv(readyFDEnv)
 	ready(nil)
+	notifySystemd("READY=1\nSTATUS=mounted at " + c.Mountpoint)
 	if c.CPUProfile != "" {
 		if f, err := os.Create(c.CPUProfile); err == nil {
 			pprof.StartCPUProfile(f)
