@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"golang.org/x/sys/unix"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -80,23 +81,13 @@ func (s *opStats) snapshot() (map[string]OpStat, map[string]uint64) {
 	return ops, errnos
 }
 
-// errnoName is the symbolic name of an errno ("ENOENT"), or its number.
+// errnoName is the symbolic name of an errno ("ENOENT", "ENOTTY"), or its
+// number for one Linux has no name for.
 func errnoName(e syscall.Errno) string {
-	if name, ok := errnoNames[e]; ok {
+	if name := unix.ErrnoName(e); name != "" {
 		return name
 	}
 	return "errno" + strconv.Itoa(int(e))
-}
-
-var errnoNames = map[syscall.Errno]string{
-	syscall.EPERM: "EPERM", syscall.ENOENT: "ENOENT", syscall.EINTR: "EINTR", syscall.EIO: "EIO",
-	syscall.EBADF: "EBADF", syscall.EAGAIN: "EAGAIN", syscall.ENOMEM: "ENOMEM", syscall.EACCES: "EACCES",
-	syscall.EBUSY: "EBUSY", syscall.EEXIST: "EEXIST", syscall.EXDEV: "EXDEV", syscall.ENOTDIR: "ENOTDIR",
-	syscall.EISDIR: "EISDIR", syscall.EINVAL: "EINVAL", syscall.ENOSPC: "ENOSPC", syscall.EROFS: "EROFS",
-	syscall.ERANGE: "ERANGE", syscall.ENAMETOOLONG: "ENAMETOOLONG", syscall.ENOSYS: "ENOSYS",
-	syscall.ENOTEMPTY: "ENOTEMPTY", syscall.ELOOP: "ELOOP", syscall.ENODATA: "ENODATA",
-	syscall.EOPNOTSUPP: "EOPNOTSUPP", syscall.ENOTCONN: "ENOTCONN", syscall.ETIMEDOUT: "ETIMEDOUT",
-	syscall.EDQUOT: "EDQUOT", syscall.EFBIG: "EFBIG", syscall.EMFILE: "EMFILE", syscall.ENFILE: "ENFILE",
 }
 
 // countingFS wraps the node filesystem and counts every request: the one

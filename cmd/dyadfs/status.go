@@ -102,7 +102,7 @@ func printStatus(out io.Writer, st *fs.Status) {
 	d := st.DMD
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	row("  opens waited", d.OpensWaited)
-	row("  wait time total", fmt.Sprintf("%.3fs (max %.3fs)", d.WaitSeconds, d.WaitMaxSeconds))
+	row("  wait time of finished waits", fmt.Sprintf("%.3fs (max %.3fs)", d.WaitSeconds, d.WaitMaxSeconds))
 	row("  waits timed out", d.WaitTimeouts)
 	row("  waits interrupted", d.WaitInterrupts)
 	row("  waiting now (paths)", d.Waiting)
