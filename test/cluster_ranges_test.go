@@ -120,6 +120,27 @@ func TestClusterRanges(t *testing.T) {
 		t.Fatalf("after a restart, reads of blocks here moved %d bytes", r.Bytes)
 	}
 
+	// copy_file_range out of a file read in ranges, into a file here.
+	copied := b.mustSh(`python3 -c '
+import hashlib, os
+s = os.open("big", os.O_RDONLY)
+d = os.open("part", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+left, off = 8 << 20, 300 << 20
+while left > 0:
+    c = os.copy_file_range(s, d, left, off)
+    if c == 0:
+        break
+    left, off = left - c, off + c
+os.lseek(d, 0, 0)
+print(hashlib.sha256(os.read(d, 8 << 20)).hexdigest())
+'`)
+	if want := a.mustSh("dd if=big bs=1M skip=300 count=8 status=none | sha256sum | cut -d' ' -f1"); strings.TrimSpace(copied) != strings.TrimSpace(want) {
+		t.Fatalf("8 MiB copied with copy_file_range from a file read in ranges: %s, the owner's %s", copied, want)
+	}
+	if n := b.status().Errnos["EOPNOTSUPP"]; n != 0 {
+		t.Fatalf("%d requests answered EOPNOTSUPP", n)
+	}
+
 	// Read whole, while another program keeps a mapping of it: the copy
 	// is complete, installed, and read as any, and the mapping reads on.
 	heldFile, releaseFile := filepath.Join(c.dir, "held"), filepath.Join(c.dir, "release")

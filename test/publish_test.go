@@ -224,3 +224,34 @@ func TestFullBackingWithoutPassthrough(t *testing.T) {
 		t.Fatalf("dd into a full backing directory: %v, want ENOSPC", r)
 	}
 }
+
+// TestCopyFileRange: copy_file_range between two files of the mount is
+// served (between their backing files), by cp and by python, and never
+// answered EOPNOTSUPP, which would have the kernel ask again at every call.
+func TestCopyFileRange(t *testing.T) {
+	m := newMount(t)
+	mustSh(t, m.mnt, "head -c 3000001 /dev/urandom > src && cp src by-cp")
+	mustSh(t, m.mnt, `python3 -c '
+import os
+s = os.open("src", os.O_RDONLY)
+d = os.open("by-python", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+n = os.fstat(s).st_size
+while n > 0:
+    c = os.copy_file_range(s, d, n)
+    if c == 0:
+        break
+    n -= c
+os.close(d)
+'`)
+	want := mustSh(t, m.mnt, "cmp src by-cp && cmp src by-python && echo same")
+	if strings.TrimSpace(want) != "same" {
+		t.Fatalf("copies differ: %q", want)
+	}
+	st := m.status()
+	if o := st.Ops["copy_file_range"]; o.Count == 0 || o.Errors != 0 {
+		t.Fatalf("copy_file_range: %+v, want served without errors", o)
+	}
+	if n := st.Errnos["EOPNOTSUPP"]; n != 0 {
+		t.Fatalf("%d requests answered EOPNOTSUPP", n)
+	}
+}
