@@ -16,9 +16,11 @@
 #                     /var/tmp/dyadfs/<namespace>)
 #   DYAD_KVS_NAMESPACE the job's namespace (dyadfs-<FLUX_JOB_ID>, or dyadfs)
 #   DYAD_DTL_MODE     the transport (FLUX_RPC; or TCP, UCX)
-# "{rank}" in the mountpoint or backing directory becomes each broker's
-# rank: several brokers of one machine (flux start --test-size=N) then get
-# paths of their own.
+# "{rank}" in the mountpoint, the backing directory or any dyadfs flag
+# (--log-file /tmp/dyadfs-{rank}.log) becomes each broker's rank. Where
+# several brokers share a machine (flux start --test-size=N) and the
+# mountpoint has no {rank}, each mounts at MOUNTPOINT-{rank}, over a
+# backing directory of its own: one path cannot hold two mounts.
 set -euo pipefail
 usage() {
 	echo "usage: $0 start MOUNTPOINT [dyadfs mount flags...] | stop MOUNTPOINT [--forget]" >&2
@@ -36,8 +38,18 @@ ns=${DYAD_KVS_NAMESPACE:-dyadfs${FLUX_JOB_ID:+-$FLUX_JOB_ID}}
 backing=${DYADFS_BACKING:-}
 dtl=${DYAD_DTL_MODE:-FLUX_RPC}
 
+# Brokers that share a machine need paths of their own.
+if [[ $mnt != *"{rank}"* ]] && [[ -n $(flux exec -r all hostname | sort | uniq -d) ]]; then
+	echo "$0: several brokers share a machine: each mounts at $mnt-{rank} (put {rank} in the mountpoint to choose)" >&2
+	mnt="$mnt-{rank}"
+	if [[ -z $backing ]]; then
+		backing="/var/tmp/dyadfs/$ns-{rank}"
+	fi
+fi
+
 # on_every_rank runs a shell script next to every broker, with $rank set
-# and {rank} replaced in $mnt and $backing; the script's arguments follow.
+# and {rank} replaced in $mnt, $backing and the script's arguments, which
+# follow.
 on_every_rank() {
 	local script=$1
 	shift
@@ -45,6 +57,7 @@ on_every_rank() {
 		rank=$(flux getattr rank)
 		mnt=${1//\{rank\}/$rank} backing=${2//\{rank\}/$rank}
 		shift 2
+		set -- "${@//\{rank\}/$rank}"
 		'"$script" bash "$mnt" "$backing" "$@"
 }
 
@@ -63,7 +76,11 @@ start)
 			on_every_rank 'fusermount3 -u "$mnt" 2>/dev/null || true' || true
 			exit 1
 		}
-	echo "dyadfs: mounted at $mnt on $(flux getattr size) ranks (namespace $ns, transport $dtl)"
+	where=$mnt
+	if [[ $mnt == *"{rank}"* ]]; then
+		where="$mnt ({rank}: each broker's rank)"
+	fi
+	echo "dyadfs: mounted at $where on $(flux getattr size) ranks (namespace $ns, transport $dtl)"
 	;;
 stop)
 	forget=0

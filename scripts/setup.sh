@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
 
 # Debian packages: fuse3 (fusermount3); etcd-server, the metadata store
-# shared between nodes; python3 and util-linux (unshare, nsenter, setpriv)
+# shared between nodes, and etcd-client (etcdctl: compact, defrag and
+# disarm a full store); python3 and util-linux (unshare, nsenter, setpriv)
 # for the tests; iproute2 (ip, tc) for the multi-node tests; iperf3 for the
 # benchmark's network baseline; the programs the tests run on the mount
 # as users do (rsync, sqlite3, and Debian's python3 with numpy and h5py);
@@ -19,6 +20,7 @@ export PATH="$PATH:/usr/local/go/bin"
 packages=()
 command -v fusermount3 >/dev/null || packages+=(fuse3)
 command -v etcd >/dev/null || packages+=(etcd-server)
+command -v etcdctl >/dev/null || packages+=(etcd-client)
 command -v python3 >/dev/null || packages+=(python3)
 command -v nsenter >/dev/null || packages+=(util-linux)
 command -v ip >/dev/null || packages+=(iproute2)

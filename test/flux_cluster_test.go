@@ -332,6 +332,37 @@ func TestFluxScript(t *testing.T) {
 		t.Errorf("the job's KVS namespace is still there after --forget: %v", names)
 	}
 
+	// As the quick start has it, without {rank}: brokers sharing this
+	// machine each get MOUNTPOINT-RANK and a backing directory of their
+	// own; {rank} in a flag (the log file) becomes each one's rank.
+	plain := filepath.Join(dir, "dmd")
+	plainMnts := []string{plain + "-0", plain + "-1"}
+	t.Cleanup(func() {
+		for _, m := range plainMnts {
+			runOut("fusermount3", "-u", "-z", m)
+		}
+		os.RemoveAll("/var/tmp/dyadfs/scriptjob2-0")
+		os.RemoveAll("/var/tmp/dyadfs/scriptjob2-1")
+	})
+	env = []string{"FLUX_URI=" + in.URIs[0], "DYADFS=" + dyadfsBin, "DYAD_KVS_NAMESPACE=scriptjob2"}
+	out, err := runScript("start", plain, "--log-file", filepath.Join(dir, "log{rank}"))
+	if err != nil || !strings.Contains(out, plain+"-{rank} ({rank}: each broker's rank)") {
+		t.Fatalf("start without {rank} on one machine: %v\n%s", err, out)
+	}
+	mustSh(t, plainMnts[1], "echo from-rank-1 > g")
+	if got := mustSh(t, plainMnts[0], "cat g"); got != "from-rank-1\n" {
+		t.Fatalf("rank 0 read %q", got)
+	}
+	for i := range 2 {
+		if _, err := os.Stat(filepath.Join(dir, fmt.Sprintf("log%d", i))); err != nil {
+			t.Errorf("the log file of rank %d: %v", i, err)
+		}
+	}
+	if out, err := runScript("stop", plain, "--forget"); err != nil {
+		t.Fatalf("stop: %v\n%s", err, out)
+	}
+	env = []string{"FLUX_URI=" + in.URIs[0], "DYADFS=" + dyadfsBin, "DYADFS_BACKING=" + backing, "DYAD_KVS_NAMESPACE=scriptjob"}
+
 	// A mount that fails on one rank (its backing directory is a file)
 	// fails the start, and leaves no rank mounted.
 	os.MkdirAll(filepath.Join(dir, "backing0"), 0o755)

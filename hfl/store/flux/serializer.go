@@ -106,6 +106,9 @@ func (s *Store) ask(ctx context.Context, w writeReq) (writeAns, error) {
 		if !errors.Is(err, syscall.ENOSYS) || time.Until(deadline) <= pause || (s.cfg.Client && w.Op == opForget) {
 			// A client's forget does not wait for a serializer: with
 			// no daemon of rank 0, it removes the namespace itself.
+			if errors.Is(err, syscall.ENOSYS) && !(s.cfg.Client && w.Op == opForget) {
+				return writeAns{}, fmt.Errorf("the dyadfs daemon of rank 0 is not running (every write of the job goes through it: start dyadfs on rank 0 first, as scripts/flux-dyadfs.sh does): %w", err)
+			}
 			return writeAns{}, err
 		}
 		// No serializer yet: rank 0's daemon is starting.
