@@ -45,41 +45,41 @@ type Located struct {
 // Status is what the status file holds.
 type Status struct {
 	Info map[string]string `json:"info"`
-	PID  int               `json:"pid"`
+	PID  int               `json:"pid" metric:"-"`
 	// Goroutines is how many the daemon runs: a waiting open parks one.
-	Goroutines int `json:"goroutines"`
+	Goroutines int `json:"goroutines" metric:"-"`
 	// Descriptors are the daemon's open descriptors and its limit.
 	Descriptors Descriptors `json:"descriptors"`
 	// Heap is the Go heap's: what was allocated since the start, what
 	// is live.
-	Heap        Heap    `json:"heap"`
+	Heap        Heap    `json:"heap" metric:"-"`
 	Mountpoint  string  `json:"mountpoint"`
 	Backing     string  `json:"backing"`
 	Node        string  `json:"node"`
-	Uptime      float64 `json:"uptime_seconds"`
+	Uptime      float64 `json:"uptime_seconds" metric:"-"`
 	Passthrough string  `json:"passthrough"`
 	// CrashMarkers says whether files half-written when the daemon died
 	// can be detected at restart.
-	CrashMarkers bool    `json:"crash_markers"`
-	WaitTimeout  float64 `json:"wait_timeout_seconds"`
+	CrashMarkers bool    `json:"crash_markers" metric:"-"`
+	WaitTimeout  float64 `json:"wait_timeout_seconds" metric:"-"`
 	// ReadReleases counts closed read handles of managed files (the
 	// write handles are counted by DMD.WriteReleases).
-	ReadReleases uint64 `json:"read_releases"`
+	ReadReleases uint64 `json:"read_releases" help:"Read handles of managed files closed."`
 	// Panics counts bugs: handlers that panicked (and answered EIO).
-	Panics uint64 `json:"panics"`
+	Panics uint64 `json:"panics" help:"FUSE handlers that panicked (a bug) and answered EIO."`
 	// Intent counts how lookups of missing names were classified.
-	Intent map[string]uint64 `json:"lookup_intent"`
-	DMD    dmd.Stats         `json:"dmd"`
+	Intent map[string]uint64 `json:"lookup_intent" help:"Lookups of missing names, by what the caller meant to do (read: it may wait; create, probe: it does not)."`
+	DMD    dmd.Stats         `json:"dmd" metric:"inline"`
 	// Waiters lists the opens that wait now, longest first.
 	Waiters []dmd.Waiter `json:"waiting_opens"`
 	// Unpublished lists the files whose publish (or removal) has not
 	// landed in the store, oldest first, with the reason.
 	Unpublished []dmd.Pending     `json:"unpublished,omitempty"`
 	Locator     hfl.LocatorStats  `json:"locator"`
-	Ops         map[string]OpStat `json:"ops"`
-	Errnos      map[string]uint64 `json:"errors_by_errno"`
+	Ops         map[string]OpStat `json:"ops" help:"FUSE requests answered, by operation."`
+	Errnos      map[string]uint64 `json:"errors_by_errno" help:"FUSE requests answered with an error, by errno."`
 	// Extra holds sections added by the daemon (the transport's counters).
-	Extra map[string]any `json:"extra,omitempty"`
+	Extra map[string]any `json:"extra,omitempty" metric:"inline"`
 }
 
 // Status returns the daemon's current status.

@@ -181,12 +181,12 @@ func (g *fdGuard) released() {
 
 // Descriptors is the status's view of the daemon's descriptors.
 type Descriptors struct {
-	Open  int   `json:"open"`
-	Limit int64 `json:"limit"`
+	Open  int   `json:"open" metric:"-"`
+	Limit int64 `json:"limit" metric:"-"`
 	// Handles are the open file handles, each holding a backing
 	// descriptor; opens wait while they are at HandlesMax.
 	Handles    int64 `json:"handles"`
-	HandlesMax int64 `json:"handles_max"`
+	HandlesMax int64 `json:"handles_max" metric:"-"`
 	// OpensHeld counts opens that waited for a release; OpensWaiting are
 	// those waiting now.
 	OpensHeld    uint64 `json:"opens_held"`

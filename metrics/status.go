@@ -21,6 +21,14 @@ import (
 //   - values in s, ms or µs (a name part s, ms, us) are given in seconds;
 //   - strings of a map[string]string become labels of a dyadfs_info gauge;
 //     lists and other strings are left out.
+//
+// A field's metric tag says more: "-" leaves it out (what the process and
+// Go collectors give already, and settings, which are not measurements);
+// "inline" adds its fields, or its map's sections, without its own name
+// (dyadfs_publishes_total, not dyadfs_dmd_publishes_total); "gauge" makes
+// an unsigned value a gauge. Its help tag is the metric's HELP text;
+// without one, the HELP text is made of the name's words. A count named
+// ..._count is ..._total.
 type statusCollector struct {
 	status func() any
 }
@@ -30,13 +38,17 @@ type statusCollector struct {
 func (c *statusCollector) Describe(chan<- *prometheus.Desc) {}
 
 func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
-	f := flattener{ch: ch, seen: make(map[string]bool)}
+	f := flattener{ch: ch, seen: make(map[string]bool), help: make(map[string]string), gauges: make(map[string]bool)}
 	f.walk("dyadfs", "", "", reflect.ValueOf(c.status()))
 }
 
 type flattener struct {
 	ch   chan<- prometheus.Metric
 	seen map[string]bool // name and label value: each metric once
+	// help and gauges hold, by metric name before its suffix, the help
+	// and gauge tags of the fields.
+	help   map[string]string
+	gauges map[string]bool
 }
 
 // walk emits v under name; label, if set, is the label name and value
@@ -57,13 +69,24 @@ func (f *flattener) walk(name, label, value string, v reflect.Value) {
 				continue
 			}
 			tag := strings.Split(sf.Tag.Get("json"), ",")[0]
-			if tag == "-" {
+			mtag := sf.Tag.Get("metric")
+			if tag == "-" || mtag == "-" {
 				continue
 			}
 			if tag == "" {
 				tag = sf.Name
 			}
-			f.walk(name+"_"+sanitize(tag), label, value, v.Field(i))
+			fname := name + "_" + sanitize(tag)
+			if mtag == "inline" {
+				fname = name
+			}
+			if h := sf.Tag.Get("help"); h != "" {
+				f.help[fname] = h
+			}
+			if mtag == "gauge" {
+				f.gauges[fname] = true
+			}
+			f.walk(fname, label, value, v.Field(i))
 		}
 	case reflect.Map:
 		if v.Type().Key().Kind() != reflect.String {
@@ -86,7 +109,11 @@ func (f *flattener) walk(name, label, value string, v reflect.Value) {
 			}
 		}
 	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		f.emit(name+"_total", prometheus.CounterValue, float64(v.Uint()), label, value)
+		if f.gauges[name] {
+			f.emit(name, prometheus.GaugeValue, float64(v.Uint()), label, value)
+			break
+		}
+		f.emit(strings.TrimSuffix(name, "_count")+"_total", prometheus.CounterValue, float64(v.Uint()), label, value)
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		f.emit(name, prometheus.GaugeValue, float64(v.Int()), label, value)
 	case reflect.Float32, reflect.Float64:
@@ -129,7 +156,7 @@ func (f *flattener) emit(name string, typ prometheus.ValueType, v float64, label
 	if label != "" {
 		labels = []string{label}
 	}
-	desc := prometheus.NewDesc(name, "dyadfs status: "+strings.TrimPrefix(name, "dyadfs_")+" (see dyadfs status).", labels, nil)
+	desc := prometheus.NewDesc(name, f.helpOf(name, typ, label), labels, nil)
 	var m prometheus.Metric
 	var err error
 	if label != "" {
@@ -142,6 +169,29 @@ func (f *flattener) emit(name string, typ prometheus.ValueType, v float64, label
 	}
 }
 
+// helpOf is the HELP text of metric name: its field's help tag, or its
+// name's words (dyadfs_fetch_errors_total: "Fetch errors, counted since the
+// daemon started.").
+func (f *flattener) helpOf(name string, typ prometheus.ValueType, label string) string {
+	for _, k := range []string{name, strings.TrimSuffix(name, "_total"), strings.TrimSuffix(name, "_seconds"), strings.TrimSuffix(name, "_total") + "_count"} {
+		if h, ok := f.help[k]; ok {
+			return h
+		}
+	}
+	words := strings.ReplaceAll(strings.TrimSuffix(strings.TrimPrefix(name, "dyadfs_"), "_total"), "_", " ")
+	if words != "" {
+		words = strings.ToUpper(words[:1]) + words[1:]
+	}
+	by := ""
+	if label != "" {
+		by = ", by " + label
+	}
+	if typ == prometheus.CounterValue {
+		return words + by + ", counted since the daemon started."
+	}
+	return words + by + ", now."
+}
+
 // info emits the strings of m as the labels of one gauge of value 1.
 func (f *flattener) info(name string, m reflect.Value) {
 	if name != "dyadfs_info" || f.seen[name] {
@@ -150,6 +200,10 @@ func (f *flattener) info(name string, m reflect.Value) {
 	f.seen[name] = true
 	var keys, values []string
 	for _, k := range m.MapKeys() {
+		switch k.String() {
+		case "log_file", "metrics":
+			continue // where the daemon writes, not what it is set to
+		}
 		keys = append(keys, sanitize(k.String()))
 		values = append(values, m.MapIndex(k).String())
 	}
@@ -162,7 +216,7 @@ func (f *flattener) info(name string, m reflect.Value) {
 // labelName is the label of a map's keys, from the map's metric name.
 func labelName(name string) string {
 	switch {
-	case strings.HasSuffix(name, "errno"):
+	case strings.HasSuffix(name, "errno"), strings.HasSuffix(name, "failed_for_good"):
 		return "errno"
 	case strings.HasSuffix(name, "_ops"):
 		return "op"

@@ -88,10 +88,10 @@ while [ $i -lt 32 ]; do head -c 8388608 /dev/urandom > data/f$i; i=$((i+1)); don
 		t.Fatalf("status after reading 256 MiB through a 64 MiB capacity: %+v", st)
 	}
 	metricsText := b.mustSh(`python3 -c 'import urllib.request, sys; sys.stdout.write(urllib.request.urlopen("http://` + b.ip + `:9464/metrics").read().decode())'`)
-	if n := sample(metricsText, "dyadfs_dmd_cache_evictions_total"); n != float64(st.Evictions) {
+	if n := sample(metricsText, "dyadfs_cache_evictions_total"); n != float64(st.Evictions) {
 		t.Errorf("metrics count %v evictions, the status %d", n, st.Evictions)
 	}
-	if n := sample(metricsText, "dyadfs_dmd_cache_capacity_bytes"); n != capacity {
+	if n := sample(metricsText, "dyadfs_cache_capacity_bytes"); n != capacity {
 		t.Errorf("metrics give a capacity of %v bytes, want %d", n, capacity)
 	}
 	// The first files again: fetched again, the same bytes.

@@ -344,7 +344,7 @@ func TestClusterCorruptCopy(t *testing.T) {
 		t.Fatalf("the consumer's log has no line naming the path and both nodes:\n%s", logText)
 	}
 	metricsText := b.mustSh(`python3 -c 'import urllib.request, sys; sys.stdout.write(urllib.request.urlopen("http://` + b.ip + `:9465/metrics").read().decode())'`)
-	if n := sample(metricsText, "dyadfs_extra_transport_corrupt_copies_total"); n != 1 {
+	if n := sample(metricsText, "dyadfs_transport_corrupt_copies_total"); n != 1 {
 		t.Fatalf("metrics count %v corrupt copies, want 1", n)
 	}
 

@@ -53,7 +53,7 @@ find tree -type f | sort | xargs cat | sha256sum > /tmp/want-` + c.namespace)
 	if n := sample(metricsText, "dyadfs_fetch_bytes_sum"); n < 1000*20480 {
 		t.Errorf("the consumer's metrics count %v bytes fetched, want %d", n, 1000*20480)
 	}
-	if n := sample(metricsText, "dyadfs_extra_transport_transfers_total"); n < 1000 {
+	if n := sample(metricsText, "dyadfs_transport_transfers_total"); n < 1000 {
 		t.Errorf("the consumer's metrics count %v transfers, want 1000", n)
 	}
 	if promtool, err := exec.LookPath("promtool"); err == nil {

@@ -80,7 +80,7 @@ func TestClusterRanges(t *testing.T) {
 		t.Fatalf("10 reads of 1 MiB moved %d bytes in %d ranges (%d files opened in ranges, %d now); want less than 20 MiB, one file", r.Bytes, r.Fetches, r.Opened, r.Open)
 	}
 	metricsText := b.mustSh(`python3 -c 'import urllib.request, sys; sys.stdout.write(urllib.request.urlopen("http://` + b.ip + `:9466/metrics").read().decode())'`)
-	if n := sample(metricsText, "dyadfs_dmd_ranged_range_bytes_total"); n != float64(r.Bytes) {
+	if n := sample(metricsText, "dyadfs_ranged_range_bytes_total"); n != float64(r.Bytes) {
 		t.Fatalf("metrics count %v bytes fetched in ranges, status %d", n, r.Bytes)
 	}
 	if _, err := os.Lstat(filepath.Join(b.backing, "big")); err == nil {

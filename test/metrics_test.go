@@ -65,20 +65,32 @@ func TestMetrics(t *testing.T) {
 		name string
 		min  float64
 	}{
-		{"dyadfs_dmd_publishes_total", 6},
-		{"dyadfs_dmd_opens_waited_total", 1},
+		{"dyadfs_publishes_total", 6},
+		{"dyadfs_opens_waited_total", 1},
 		{"dyadfs_open_wait_seconds_count", 1},
 		{`dyadfs_publish_duration_seconds_count{outcome="ok"}`, 6},
 		{`dyadfs_fuse_request_duration_seconds_count{op="create"}`, 6},
-		{`dyadfs_ops_count_total{op="create"}`, 6},
+		{`dyadfs_ops_total{op="create"}`, 6},
 	} {
 		got, was := sample(after, c.name), max(sample(before, c.name), 0)
 		if got-was < c.min {
 			t.Errorf("%s went from %v to %v, want at least %v more", c.name, was, got, c.min)
 		}
 	}
-	if sample(after, "dyadfs_dmd_busy_files") != 0 {
-		t.Errorf("dyadfs_dmd_busy_files is not 0 after every writer closed")
+	if sample(after, "dyadfs_busy_files") != 0 {
+		t.Errorf("dyadfs_busy_files is not 0 after every writer closed")
+	}
+	// Named as Prometheus's own: no _count_total, no copies of the process
+	// and Go collectors', no settings as gauges, no path labels, no
+	// internal section names, and HELP that says what is counted.
+	for _, bad := range []string{"_count_total", "dyadfs_pid", "dyadfs_uptime", "dyadfs_goroutines", "dyadfs_heap",
+		"dyadfs_wait_timeout_seconds", "dyadfs_crash_markers", "dyadfs_descriptors_limit", "log_file=", "dyadfs_extra_", "dyadfs_dmd_", "see dyadfs status"} {
+		if strings.Contains(after, bad) {
+			t.Errorf("the exposition has %q", bad)
+		}
+	}
+	if !strings.Contains(after, "# HELP dyadfs_publishes_total Publishes, counted since the daemon started.") {
+		t.Errorf("no HELP text saying what dyadfs_publishes_total counts")
 	}
 	if t.Failed() {
 		t.Fatalf("scraped:\n%s", after)

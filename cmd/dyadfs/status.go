@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -229,6 +230,11 @@ func printSection(out io.Writer, title string, m map[string]any) {
 		case nil:
 			v = "none"
 		case float64:
+			if strings.HasSuffix(k, "_timestamp_seconds") {
+				// A time (as metrics want it): shown as an age.
+				v = fmt.Sprintf("%.1fs ago", float64(time.Now().UnixNano())/1e9-x)
+				break
+			}
 			if x != float64(int64(x)) {
 				v = fmt.Sprintf("%.1f", x)
 			} else {

@@ -58,13 +58,13 @@ func (m *storeMonitor) section(d *dmd.DMD) map[string]any {
 	h, err, checked := m.health, m.err, m.checked
 	m.mu.Unlock()
 	s := map[string]any{
-		"url":               m.url,
-		"reachable":         err == nil,
-		"checked_s_ago":     time.Since(checked).Seconds(),
-		"db_bytes":          h.Bytes,
-		"records":           h.Records,
-		"alarms":            h.Alarms,
-		"pending_publishes": d.PendingPublishes(),
+		"url":                       m.url,
+		"reachable":                 err == nil,
+		"checked_timestamp_seconds": float64(checked.UnixNano()) / 1e9,
+		"db_bytes":                  h.Bytes,
+		"records":                   h.Records,
+		"alarms":                    h.Alarms,
+		"pending_publishes":         d.PendingPublishes(),
 		// Closes publishing now: during an outage, those that wait.
 		"publishes_in_progress": d.PublishesInProgress(),
 	}
@@ -75,7 +75,7 @@ func (m *storeMonitor) section(d *dmd.DMD) map[string]any {
 		s["error"] = err.Error()
 	}
 	if p := d.PendingList(); len(p) > 0 {
-		s["oldest_pending_s"] = p[0].Seconds
+		s["oldest_pending_timestamp_seconds"] = float64(time.Now().UnixNano())/1e9 - p[0].Seconds
 	}
 	if c, ok := m.store.(committer); ok {
 		// Group commit: publishes per transaction is their ratio.

@@ -435,7 +435,7 @@ func (r *copyRegistry) evictedNow(v victim) {
 type CacheStats struct {
 	// CapacityBytes is the bound (0: none); HeldBytes what the copies
 	// take now, and ReservedBytes what fetches in flight will add.
-	CapacityBytes int64 `json:"capacity_bytes"`
+	CapacityBytes int64 `json:"capacity_bytes" help:"The capacity of the copies of other nodes' files here, in bytes (0: none): what held_bytes is bounded by."`
 	HeldBytes     int64 `json:"held_bytes"`
 	ReservedBytes int64 `json:"reserved_bytes"`
 	// Copies counts the copies of files; PinnedByOpen, those open now.
