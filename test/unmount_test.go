@@ -2,6 +2,7 @@ package test
 
 import (
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -110,5 +111,37 @@ func TestMount8Form(t *testing.T) {
 	mustSh(t, mnt, "echo x > f && cat f")
 	if out, err := dyadfs(t, "unmount", mnt); err != nil || isMounted(mnt) {
 		t.Fatalf("dyadfs unmount: %v %s", err, out)
+	}
+}
+
+// TestSystemdReady: a daemon in the foreground under a Type=notify unit
+// tells systemd it is ready once mounted (READY=1 on NOTIFY_SOCKET).
+func TestSystemdReady(t *testing.T) {
+	requireEnv(t)
+	_, mnt, backing := mountDirs(t)
+	sock := filepath.Join(t.TempDir(), "notify")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	done, _ := startCmd(t, "", []string{"NOTIFY_SOCKET=" + sock}, dyadfsBin, "mount", "--foreground", "--backing", backing, mnt)
+	defer exec.Command("fusermount3", "-u", "-z", mnt).Run()
+	conn.SetReadDeadline(time.Now().Add(bound))
+	buf := make([]byte, 512)
+	n, err := conn.Read(buf)
+	if err != nil || !strings.Contains(string(buf[:n]), "READY=1") {
+		t.Fatalf("systemd was told %q (%v), want READY=1", buf[:n], err)
+	}
+	if !isMounted(mnt) {
+		t.Fatal("READY=1 came before the mount")
+	}
+	if out, err := dyadfs(t, "unmount", mnt); err != nil {
+		t.Fatalf("dyadfs unmount: %v %s", err, out)
+	}
+	select {
+	case <-done:
+	case <-time.After(bound):
+		t.Fatal("the foreground daemon did not exit after its unmount")
 	}
 }
