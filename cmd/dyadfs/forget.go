@@ -16,16 +16,17 @@ import (
 	"github.com/dyadfs/dyadfs/hfl/store"
 )
 
-const forgetUsage = `Usage: dyadfs forget --store URL --namespace JOB [--dry-run] [--force] [--page N]
+const forgetUsage = `Usage: dyadfs forget --store URL --namespace JOB [--dry-run] [--force]
+                     [--page N]
 
 Deletes everything a finished job (namespace) keeps in the metadata store:
 its records, the directory index, its daemons' registrations and its job
 secret, a page of keys at a time. It refuses while a daemon of the job is
 running, unless --force; --dry-run only says what it would delete. A
 namespace that had nothing in the store (a typo?) is an error (exit code
-17).
-The files themselves stay in each node's backing directory. To give the space back to etcd afterwards, compact and
-defragment it (etcdctl compact REV; etcdctl defrag).
+17). The files themselves stay in each node's backing directory. To give
+the space back to etcd afterwards, compact and defragment it (etcdctl
+compact REV; etcdctl defrag).
 
 Flags:
 `
