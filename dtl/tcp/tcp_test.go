@@ -209,7 +209,7 @@ func TestUnauthorizedServer(t *testing.T) {
 	if !errors.As(err, &re) || !errors.Is(err, dtl.ErrUnauthorized) {
 		t.Errorf("got %v, want a *dtl.RemoteError for %v", err, dtl.ErrUnauthorized)
 	}
-	if !strings.Contains(clog.String(), "refused server") {
+	if !strings.Contains(clog.String(), "does not hold this job's secret (job secrets differ); nothing is fetched") {
 		t.Errorf("client log has no refusal:\n%s", clog)
 	}
 	if src.Calls() != 0 {

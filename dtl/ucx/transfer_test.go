@@ -407,7 +407,7 @@ func TestWrongSecretRefused(t *testing.T) {
 	if src.Calls() != 0 {
 		t.Error("the Source was called")
 	}
-	if !bytes.Contains([]byte(slog.String()), []byte("refused server")) {
+	if !bytes.Contains([]byte(slog.String()), []byte("does not hold this job's secret (job secrets differ); nothing is fetched")) {
 		t.Errorf("no refusal in the log:\n%s", slog)
 	}
 	if st := stranger.Stats(); st.Dials != 0 || st.RecvFree != st.RecvSlots {
