@@ -158,7 +158,9 @@ seq 1 200 | xargs -P 16 -I{} sh -c 'head -c 10000 /dev/urandom > many/f{}'`)
 // (the owner's service went with it), nothing partial is left, and once
 // the owner's daemon is back the file arrives.
 func TestFluxOwnerKilled(t *testing.T) {
-	ms := newFluxMounts(t, 2, "flux")
+	// A whole transfer, which the test watches arrive (the file is above
+	// the range threshold).
+	ms := newFluxMounts(t, 2, "flux", "--range-threshold", "0")
 	p, c := ms[0], ms[1]
 	mustSh(t, p.mnt, "head -c 536870912 /dev/urandom > big")
 	want := shaOf(t, p.mnt, "big")

@@ -157,7 +157,9 @@ func (d *DMD) rangedDir() string { return filepath.Join(d.internalPath(), "range
 // readsInRanges reports whether rec's file is read in ranges here.
 func (d *DMD) readsInRanges(rec hfl.Record) bool {
 	c := d.cfg.Ranges
-	return c.Threshold > 0 && rec.Size >= c.Threshold && !rec.Sum.IsZero() && rec.Inline == nil &&
+	// A sparse file is fetched whole: its holes are not sent, and read
+	// here they would all pass through the daemon, not the kernel.
+	return c.Threshold > 0 && rec.Size >= c.Threshold && !rec.Sum.IsZero() && rec.Inline == nil && rec.Alloc == 0 &&
 		rec.Mode&syscall.S_IFMT == syscall.S_IFREG && d.fetcher != nil && d.fetcher.FetchesRanges() &&
 		!d.cfg.SharedStorage && rec.Owner != d.cfg.Node && !rec.Writing && rec.Generation > 0
 }
