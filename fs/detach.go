@@ -118,8 +118,8 @@ func captureStderr(fn func()) []byte {
 	return buf.Bytes()
 }
 
-// fusermountSaid is the last line fusermount wrote, from its name on.
-func fusermountSaid(out []byte) string {
+// FusermountSaid is the last line fusermount wrote, from its name on.
+func FusermountSaid(out []byte) string {
 	var last string
 	for _, line := range strings.Split(string(out), "\n") {
 		// "/usr/bin/fusermount3: unknown option 'x'"

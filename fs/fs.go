@@ -126,7 +126,7 @@ func Mount(cfg Config, d *dmd.DMD, kernel *KernelNotifier, log *slog.Logger) (*F
 	if err != nil {
 		// fusermount3 says why on its stderr (an unknown option, no
 		// access to /dev/fuse); go-fuse only gives its exit code.
-		if msg := fusermountSaid(said); msg != "" {
+		if msg := FusermountSaid(said); msg != "" {
 			return nil, fmt.Errorf("mount %s: %s", cfg.Mountpoint, msg)
 		}
 		return nil, fmt.Errorf("mount %s: %w", cfg.Mountpoint, err)

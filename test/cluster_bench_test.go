@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -138,6 +139,16 @@ func printRows(rows []benchRow) {
 	fmt.Println("the producer writes them; latency: lock-step, the producer writes file i once the consumer waits for it;")
 	fmt.Println("latency is from the producer's close to the end of the consumer's read.")
 }
+
+// medianOf is the median of the rounds v.
+func medianOf(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// spreadOf is the range of the rounds v, as a row shows it.
+func spreadOf(v []float64) string { return fmt.Sprintf("%.0f–%.0f", slices.Min(v), slices.Max(v)) }
 
 type benchRow struct {
 	name, unit string

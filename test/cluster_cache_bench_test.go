@@ -1,8 +1,6 @@
 package test
 
 import (
-	"fmt"
-	"slices"
 	"testing"
 )
 
@@ -46,25 +44,19 @@ func BenchmarkClusterEviction(b *testing.B) {
 			c.teardown()
 		}
 	}
-	median := func(v []float64) float64 {
-		s := slices.Clone(v)
-		slices.Sort(s)
-		return s[len(s)/2]
-	}
-	spread := func(v []float64) string { return fmt.Sprintf("%.0f–%.0f", slices.Min(v), slices.Max(v)) }
 	for i, cfg := range configs {
 		ratio := 0.0
 		if i > 0 {
-			ratio = median(small[i]) / median(small[0])
+			ratio = medianOf(small[i]) / medianOf(small[0])
 		}
-		add(benchRow{name: "1,000 x 4 KiB pipelined, " + cfg.name, unit: "files/s", value: median(small[i]), spread: spread(small[i]), ratio: ratio})
+		add(benchRow{name: "1,000 x 4 KiB pipelined, " + cfg.name, unit: "files/s", value: medianOf(small[i]), spread: spreadOf(small[i]), ratio: ratio})
 	}
 	for i, cfg := range configs {
 		ratio := 0.0
 		if i > 0 {
-			ratio = median(large[i]) / median(large[0])
+			ratio = medianOf(large[i]) / medianOf(large[0])
 		}
-		add(benchRow{name: "20 x 64 MiB pipelined, " + cfg.name, unit: "MB/s", value: median(large[i]), spread: spread(large[i]), ratio: ratio})
+		add(benchRow{name: "20 x 64 MiB pipelined, " + cfg.name, unit: "MB/s", value: medianOf(large[i]), spread: spreadOf(large[i]), ratio: ratio})
 	}
 	printRows(*rows)
 }

@@ -3,7 +3,6 @@ package test
 import (
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -69,17 +68,11 @@ func BenchmarkClusterRanges(b *testing.B) {
 			n.sh("rm -f " + name + " s" + name)
 		}
 	}
-	median := func(v []float64) float64 {
-		s := slices.Clone(v)
-		slices.Sort(s)
-		return s[len(s)/2]
-	}
-	spread := func(v []float64) string { return fmt.Sprintf("%.0f–%.0f", slices.Min(v), slices.Max(v)) }
-	add(benchRow{name: "10 x 1 MiB random reads of 1 GiB, fetched whole first", unit: "ms", value: median(randW), spread: spread(randW)})
-	add(benchRow{name: "10 x 1 MiB random reads of 1 GiB, in ranges", unit: "ms", value: median(randR), spread: spread(randR),
-		ratio: median(randR) / median(randW), target: "< 0.2"})
-	add(benchRow{name: "1 GiB read in order (cat), fetched whole first", unit: "MB/s", value: median(seqW), spread: spread(seqW)})
-	add(benchRow{name: "1 GiB read in order (cat), in ranges", unit: "MB/s", value: median(seqR), spread: spread(seqR),
-		ratio: median(seqR) / median(seqW)})
+	add(benchRow{name: "10 x 1 MiB random reads of 1 GiB, fetched whole first", unit: "ms", value: medianOf(randW), spread: spreadOf(randW)})
+	add(benchRow{name: "10 x 1 MiB random reads of 1 GiB, in ranges", unit: "ms", value: medianOf(randR), spread: spreadOf(randR),
+		ratio: medianOf(randR) / medianOf(randW), target: "< 0.2"})
+	add(benchRow{name: "1 GiB read in order (cat), fetched whole first", unit: "MB/s", value: medianOf(seqW), spread: spreadOf(seqW)})
+	add(benchRow{name: "1 GiB read in order (cat), in ranges", unit: "MB/s", value: medianOf(seqR), spread: spreadOf(seqR),
+		ratio: medianOf(seqR) / medianOf(seqW)})
 	printRows(*rows)
 }

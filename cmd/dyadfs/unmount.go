@@ -110,15 +110,11 @@ func findFusermount() (string, error) {
 	return "", fail(exitNoFuse, "fusermount3 not found: install fuse3 (apt-get install fuse3, or run scripts/setup.sh)")
 }
 
-// fusermountMessage is what fusermount said, without its name, or how it
-// ended if it said nothing.
+// fusermountMessage is what fusermount said, or how it ended if it said
+// nothing.
 func fusermountMessage(out []byte, err error) string {
-	msg := strings.TrimSpace(string(out))
-	for _, prefix := range []string{"fusermount3: ", "fusermount: "} {
-		msg = strings.TrimPrefix(msg, prefix)
+	if msg := fs.FusermountSaid(out); msg != "" {
+		return msg
 	}
-	if msg == "" {
-		return err.Error()
-	}
-	return strings.ReplaceAll(msg, "\n", "; ")
+	return err.Error()
 }

@@ -480,22 +480,22 @@ func (f *RangedFile) Release() {
 		}
 		d.ranged.mu.Unlock()
 	}
-	f.mu.Lock()
-	if drop {
-		f.gone = true
-	}
-	last := f.lastLocked()
-	f.mu.Unlock()
-	if last {
-		f.removeFiles()
-	}
+	f.update(func() {
+		if drop {
+			f.gone = true
+		}
+	})
 }
 
 // drop takes the file out of use: a newer version replaced it, or it was
 // installed. Its files go once nothing uses them.
-func (f *RangedFile) drop() {
+func (f *RangedFile) drop() { f.update(func() { f.gone = true }) }
+
+// update applies change under the file's lock, and removes its files if
+// nothing uses them any more.
+func (f *RangedFile) update(change func()) {
 	f.mu.Lock()
-	f.gone = true
+	change()
 	last := f.lastLocked()
 	f.mu.Unlock()
 	if last {
@@ -504,15 +504,7 @@ func (f *RangedFile) drop() {
 }
 
 // endUse ends a fetch's or an install's use of the files.
-func (f *RangedFile) endUse() {
-	f.mu.Lock()
-	f.fetching--
-	last := f.lastLocked()
-	f.mu.Unlock()
-	if last {
-		f.removeFiles()
-	}
-}
+func (f *RangedFile) endUse() { f.update(func() { f.fetching-- }) }
 
 // removeFiles removes the files of a version no longer read (the data
 // file too, unless it was installed), once.
@@ -894,15 +886,7 @@ func (f *RangedFile) fillAside() {
 	}
 }
 
-func (f *RangedFile) endFill() {
-	f.mu.Lock()
-	f.filling = false
-	last := f.lastLocked()
-	f.mu.Unlock()
-	if last {
-		f.removeFiles()
-	}
-}
+func (f *RangedFile) endFill() { f.update(func() { f.filling = false }) }
 
 // install puts the file, every block here, at its path as a copy: each
 // block not checked since this daemon started is checked first, and the
