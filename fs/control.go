@@ -58,10 +58,10 @@ type Status struct {
 	Node        string  `json:"node"`
 	Uptime      float64 `json:"uptime_seconds" metric:"-"`
 	Passthrough string  `json:"passthrough"`
-	// CrashMarkers says whether files half-written when the daemon died
-	// can be detected at restart.
-	CrashMarkers bool    `json:"crash_markers" metric:"-"`
-	WaitTimeout  float64 `json:"wait_timeout_seconds" metric:"-"`
+	// FileMarks says whether the backing files carry dyadfs's marks
+	// (user xattrs): which are copies, and which were published.
+	FileMarks   bool    `json:"file_marks" metric:"-"`
+	WaitTimeout float64 `json:"wait_timeout_seconds" metric:"-"`
 	// ReadReleases counts closed read handles of managed files (the
 	// write handles are counted by DMD.WriteReleases).
 	ReadReleases uint64 `json:"read_releases" help:"Read handles of managed files closed."`
@@ -101,7 +101,7 @@ func (fsys *FS) Status() Status {
 		Node:         cfg.Node,
 		Uptime:       time.Since(fsys.started).Seconds(),
 		Passthrough:  fsys.passthrough,
-		CrashMarkers: fsys.dmd.CrashMarkers(),
+		FileMarks:    fsys.dmd.FileMarks(),
 		WaitTimeout:  cfg.WaitTimeout.Seconds(),
 		ReadReleases: fsys.readReleases.Load(),
 		Panics:       fsys.panics.Load(),

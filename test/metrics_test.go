@@ -84,7 +84,7 @@ func TestMetrics(t *testing.T) {
 	// and Go collectors', no settings as gauges, no path labels, no
 	// internal section names, and HELP that says what is counted.
 	for _, bad := range []string{"_count_total", "dyadfs_pid", "dyadfs_uptime", "dyadfs_goroutines", "dyadfs_heap",
-		"dyadfs_wait_timeout_seconds", "dyadfs_crash_markers", "dyadfs_descriptors_limit", "log_file=", "dyadfs_extra_", "dyadfs_dmd_", "see dyadfs status"} {
+		"dyadfs_wait_timeout_seconds", "dyadfs_file_marks", "dyadfs_descriptors_limit", "log_file=", "dyadfs_extra_", "dyadfs_dmd_", "see dyadfs status"} {
 		if strings.Contains(after, bad) {
 			t.Errorf("the exposition has %q", bad)
 		}

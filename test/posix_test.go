@@ -175,3 +175,31 @@ func TestLargeFileAndConcurrentWriters(t *testing.T) {
 		}
 	}
 }
+
+// ctimeScript creates files as programs do (open, write, close), then
+// stats each twice, a moment apart: nothing may change a file's ctime
+// once its writer's close returned. pjdfstest's truncate/00.t caught a
+// crash marker cleared at the release, which comes after close().
+const ctimeScript = `import os, time
+moved = []
+for i in range(200):
+    name = 'c%03d' % i
+    fd = os.open(name, os.O_CREAT | os.O_WRONLY, 0o644)
+    os.write(fd, b'x')
+    os.close(fd)
+    before = os.stat(name).st_ctime_ns
+    time.sleep(0.005)
+    if os.stat(name).st_ctime_ns != before:
+        moved.append(name + ":" + str(os.stat(name).st_ctime_ns - before))
+print(len(moved), ' '.join(moved[:5]))
+`
+
+// TestCtimeStillAfterClose: a file's ctime does not change after its
+// writer's close returned (the daemon's release comes later). The kernel
+// caches no attributes here, so that each stat asks the daemon.
+func TestCtimeStillAfterClose(t *testing.T) {
+	m := newMount(t, "--cache-ttl", "0")
+	if out := mustSh(t, m.mnt, "python3 - <<'PY'\n"+ctimeScript+"PY\n"); !strings.HasPrefix(out, "0 ") {
+		t.Fatalf("ctime changed after close for (count, first names): %s", out)
+	}
+}

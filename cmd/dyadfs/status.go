@@ -91,7 +91,7 @@ func printStatus(out io.Writer, st *fs.Status) {
 	}
 	row("uptime", fmt.Sprintf("%.0fs", st.Uptime))
 	row("passthrough", st.Passthrough)
-	row("crash markers", onOff(st.CrashMarkers))
+	row("file marks", onOff(st.FileMarks))
 	fd := st.Descriptors
 	row("descriptors", fmt.Sprintf("%d open of %d; file handles %d (at most %d; opens held back %d, now %d)",
 		fd.Open, fd.Limit, fd.Handles, fd.HandlesMax, fd.OpensHeld, fd.OpensWaiting))
@@ -250,7 +250,7 @@ func onOff(b bool) string {
 	if b {
 		return "on"
 	}
-	return "off (the backing filesystem has no user xattrs)"
+	return "off (no user xattrs in the backing filesystem: a restart tells copies by the store's records)"
 }
 
 func sortedKeys[V any](m map[string]V) []string {

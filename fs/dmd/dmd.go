@@ -121,7 +121,7 @@ type DMD struct {
 	cfg     Config
 	loc     *hfl.Locator
 	log     *slog.Logger
-	markers bool         // crash markers (xattrs) are supported by the backing store
+	markers bool         // the backing store takes user xattrs (dyadfs's file marks)
 	fetcher *dtl.Fetcher // nil without a transport
 	stats   counters
 	sums    sumCache
@@ -197,6 +197,9 @@ type DMD struct {
 	// tempFd is the temporary one, opened once.
 	back   *backing.Dir
 	tempFd int
+	// writingFd is this node's directory of being-written marks (see
+	// markWriting).
+	writingFd int
 	// origin is Config.Origin, opened; nil without one.
 	origin *originDir
 	// uncleanStart says the previous daemon did not stop cleanly: copies
@@ -254,6 +257,7 @@ func New(cfg Config, p Parts) (*DMD, error) {
 		log:        log,
 		notifier:   p.Notifier,
 		shutdown:   make(chan struct{}),
+		writingFd:  -1,
 		busy:       make(map[FileID]*writeState),
 		creating:   make(map[string]int),
 		publishing: make(map[string]hfl.Record),
@@ -291,9 +295,13 @@ func New(cfg Config, p Parts) (*DMD, error) {
 		d.closeFds()
 		return nil, err
 	}
+	if err := d.openWritingMarks(); err != nil {
+		d.closeFds()
+		return nil, err
+	}
 	d.markers = probeMarkers(d.internalPath())
 	if !d.markers {
-		log.Warn("backing store does not support user xattrs: files half-written when dyadfs dies cannot be told from complete ones", "backing", cfg.Backing)
+		log.Warn("backing store does not support user xattrs: after a restart, fetched copies are told from this node's files by the store's records", "backing", cfg.Backing)
 	}
 	// Notices travel as the transport's messages, where it carries them.
 	notices := hfl.SingleNode
@@ -327,6 +335,9 @@ func New(cfg Config, p Parts) (*DMD, error) {
 
 func (d *DMD) closeFds() {
 	unix.Close(d.tempFd)
+	if d.writingFd >= 0 {
+		unix.Close(d.writingFd)
+	}
 	d.back.Close()
 	d.origin.close()
 }
@@ -341,8 +352,9 @@ func (d *DMD) CloseWaits() bool { return d.cfg.CloseWait > 0 && !d.solo() }
 // Locator returns the locator.
 func (d *DMD) Locator() *hfl.Locator { return d.loc }
 
-// CrashMarkers reports whether half-written files can be detected after a crash.
-func (d *DMD) CrashMarkers() bool { return d.markers }
+// FileMarks reports whether backing files carry dyadfs's marks (user
+// xattrs): a restart without them tells copies by the store's records.
+func (d *DMD) FileMarks() bool { return d.markers }
 
 func (d *DMD) internalPath() string { return filepath.Join(d.cfg.Backing, InternalDir) }
 

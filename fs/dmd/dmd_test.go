@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dyadfs/dyadfs/hfl/store/embedded"
+	"golang.org/x/sys/unix"
 
 	"github.com/dyadfs/dyadfs/hfl"
 )
@@ -150,8 +151,8 @@ func TestPublishOnLastRelease(t *testing.T) {
 	if rec.Size != 11 || rec.Owner != "n1" || rec.Path != "a/b.dat" || rec.Mode&0o777 != 0o644 || rec.Generation == 0 {
 		t.Fatalf("record %+v", rec)
 	}
-	if fx.d.hasMarker("a/b.dat") {
-		t.Fatal("crash marker left on a published file")
+	if left := fx.marksLeft(); len(left) != 0 {
+		t.Fatalf("being-written marks left on a published file: %v", left)
 	}
 }
 
@@ -302,10 +303,14 @@ func TestScanRepublishesAndHoldsIncomplete(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "d/done"), []byte("complete"), 0o644)
 	os.WriteFile(filepath.Join(dir, "half"), []byte("hal"), 0o644)
 	fx := newFixture(t, func(c *Config) { c.Backing = dir })
-	if !fx.d.markers {
-		t.Skip("backing filesystem has no user xattrs; crash markers are off")
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(dir, "half"), &st); err != nil {
+		t.Fatal(err)
 	}
-	setMarker(int(mustOpen(t, filepath.Join(dir, "half")).Fd()))
+	if err := fx.d.markWriting(IDOf(&st)); err != nil {
+		t.Fatal(err)
+	}
+	fx.d.markWriting(FileID{Ino: st.Ino + 1000}) // a file gone since
 	res, err := fx.d.Scan(fx.ctx())
 	if err != nil {
 		t.Fatal(err)
@@ -325,6 +330,66 @@ func TestScanRepublishesAndHoldsIncomplete(t *testing.T) {
 	fx.end(w, f, "half")
 	if rec, err := fx.record("half"); err != nil || rec.Size != 4 {
 		t.Fatalf("rewritten file: %+v %v", rec, err)
+	}
+	if left := fx.marksLeft(); len(left) != 0 {
+		t.Fatalf("being-written marks left: %v", left)
+	}
+}
+
+// marksLeft lists the being-written marks in the fixture's directory.
+func (fx *fixture) marksLeft() []string {
+	names, err := filepath.Glob(filepath.Join(fx.dir, InternalDir, "writing-n1", "*"))
+	if err != nil {
+		fx.t.Fatal(err)
+	}
+	return names
+}
+
+// TestScanHoldsEarlierReleasesMarker: after an unclean stop, a file an
+// earlier release marked with an attribute is held as incomplete, and the
+// attribute goes once it is written again.
+func TestScanHoldsEarlierReleasesMarker(t *testing.T) {
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, InternalDir), 0o700) // not fresh, no clean stop
+	os.WriteFile(filepath.Join(dir, "half"), []byte("hal"), 0o644)
+	if err := unix.Setxattr(filepath.Join(dir, "half"), markerXattr, []byte{1}, 0); err != nil {
+		t.Skipf("backing filesystem has no user xattrs: %v", err)
+	}
+	fx := newFixture(t, func(c *Config) { c.Backing = dir })
+	res, err := fx.d.Scan(fx.ctx())
+	if err != nil || res.Incomplete != 1 {
+		t.Fatalf("scan %+v %v, want 1 incomplete", res, err)
+	}
+	w, f := fx.openWrite("half", os.O_WRONLY|os.O_APPEND)
+	f.WriteString("f")
+	fx.end(w, f, "half")
+	if rec, err := fx.record("half"); err != nil || rec.Size != 4 {
+		t.Fatalf("rewritten file: %+v %v", rec, err)
+	}
+	if fx.d.hasMarker("half") {
+		t.Fatal("earlier release's marker left on a published file")
+	}
+}
+
+// TestMarkLeavesCtime: marking a file as being written, and clearing the
+// mark at its release, does not change the file's ctime.
+func TestMarkLeavesCtime(t *testing.T) {
+	fx := newFixture(t, nil)
+	w, f := fx.create("x")
+	f.WriteString("data")
+	var before, after syscall.Stat_t
+	syscall.Fstat(int(f.Fd()), &before)
+	if len(fx.marksLeft()) != 1 {
+		t.Fatalf("marks while written: %v", fx.marksLeft())
+	}
+	time.Sleep(10 * time.Millisecond)
+	fx.end(w, f, "x")
+	syscall.Stat(filepath.Join(fx.dir, "x"), &after)
+	if before.Ctim != after.Ctim {
+		t.Fatalf("ctime moved at the release: %v to %v", before.Ctim, after.Ctim)
+	}
+	if len(fx.marksLeft()) != 0 {
+		t.Fatalf("marks after the release: %v", fx.marksLeft())
 	}
 }
 

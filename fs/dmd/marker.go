@@ -9,10 +9,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// markerXattr is set on a backing file while it is open for writing and
-// removed when its last writer publishes it. A file that still carries it
-// when dyadfs starts was being written when the previous daemon died: it is
-// not published, and readers wait until it is written again.
+// markerXattr is how releases before the being-written marks (see
+// markWriting) marked a file being written: a file found with it after an
+// unclean stop is held as markWriting's are, and it is removed when the
+// file is written again.
 const markerXattr = "user.dyadfs.incomplete"
 
 // replicaXattr marks a file fetched from its owner ("node@generation"): a
@@ -96,10 +96,6 @@ func probeMarkers(dir string) bool {
 	defer os.Remove(f.Name())
 	defer f.Close()
 	return unix.Fsetxattr(int(f.Fd()), markerXattr, []byte{1}, 0) == nil
-}
-
-func setMarker(fd int) error {
-	return unix.Fsetxattr(fd, markerXattr, []byte{1}, 0)
 }
 
 func clearMarker(fd int) error {

@@ -43,13 +43,14 @@ type ScanResult struct {
 // against the namespace when opened); after an unclean stop they are
 // dropped, as they may not have reached the disk whole.
 //
-// Files still carrying a crash marker were being written when the previous
+// Files still marked as being written (see markWriting) were being written when the previous
 // daemon died: they stay unpublished and readers wait until they are
 // written again. With shared storage every daemon sees the same files and
 // the store keeps their records, so nothing is republished.
 func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 	var res ScanResult
 	if d.cfg.SharedStorage {
+		d.dropWritingMarks(d.leftWriting(), nil)
 		return res, nil
 	}
 	if !d.solo() {
@@ -76,6 +77,8 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 			}
 		}()
 	}
+	left, matched := d.leftWriting(), make(map[uint64]bool)
+	defer func() { d.dropWritingMarks(left, matched) }()
 	var dirs []string
 	err := d.back.Walk("", func(rel string, e backing.DirEntry) error {
 		if ctx.Err() != nil {
@@ -114,13 +117,9 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 			d.loadIno(rel)
 			return nil
 		}
-		if d.markers && d.hasMarker(rel) {
-			var st syscall.Stat_t
-			if err := d.back.Lstat(rel, &st); err == nil {
-				d.holdIncomplete(IDOf(&st))
-				res.Incomplete++
-				d.log.Warn("file was being written when dyadfs stopped: not published until it is written again", "path", rel)
-			}
+		if d.wasBeingWritten(rel, left, matched) {
+			res.Incomplete++
+			d.log.Warn("file was being written when dyadfs stopped: not published until it is written again", "path", rel)
 			return nil
 		}
 		d.loadIno(rel)
@@ -199,6 +198,29 @@ func (d *DMD) scanOwnDir(ctx context.Context, rel string, res *ScanResult) {
 	case errors.Is(err, hfl.ErrNotFound):
 		d.Made(ctx, rel)
 	}
+}
+
+// wasBeingWritten reports whether the file at rel was being written when
+// the previous daemon died (its inode is in left, the marks found at
+// start, or, after an unclean stop, it carries an earlier release's
+// marker attribute); if so, its readers wait until it is written again.
+// A start after a clean stop with no marks left stats nothing.
+func (d *DMD) wasBeingWritten(rel string, left map[uint64]string, matched map[uint64]bool) bool {
+	legacy := d.uncleanStart && d.markers
+	if len(left) == 0 && !legacy {
+		return false
+	}
+	var st syscall.Stat_t
+	if d.back.Lstat(rel, &st) != nil {
+		return false
+	}
+	if _, ok := left[st.Ino]; ok {
+		matched[st.Ino] = true
+	} else if !legacy || !d.hasMarker(rel) {
+		return false
+	}
+	d.holdIncomplete(IDOf(&st))
+	return true
 }
 
 // holdIncomplete makes readers of id wait until it is written again.

@@ -45,6 +45,10 @@ func (d *DMD) finishLocked(id FileID, ws *writeState) {
 		return
 	}
 	ws.finished = true
+	if ws.marked {
+		d.unmarkWriting(id)
+		ws.marked = false
+	}
 	if d.busy[id] == ws {
 		delete(d.busy, id)
 	}
@@ -126,11 +130,11 @@ func processOf(tid uint32) uint32 {
 func (w *Writer) Opened(fd int) {
 	d := w.d
 	d.mu.Lock()
-	needMarker := d.markers && !w.ws.marked
-	w.ws.marked = w.ws.marked || needMarker
+	needMarker := !w.ws.marked
+	w.ws.marked = true
 	d.mu.Unlock()
 	if needMarker {
-		if err := setMarker(fd); err != nil {
+		if err := d.markWriting(w.id); err != nil {
 			d.log.Warn("cannot mark file as being written", "err", err)
 		}
 	}
@@ -317,11 +321,11 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, verdict bool) (
 		d.mu.Unlock()
 		return nil, nil
 	}
-	if ws.marked {
+	if ws.incomplete && d.markers {
+		// Found held at start: an earlier release marked it on the file.
 		if err := clearMarker(fd); err != nil {
 			d.log.Warn("cannot clear the being-written mark", "path", rel, "err", err)
 		}
-		ws.marked = false
 	}
 	names := make([]string, 0, len(ws.names))
 	for name := range ws.names {
