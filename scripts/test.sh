@@ -28,9 +28,14 @@ fi
 echo "== go test -race${DYADFS_TAGS:+ -tags $DYADFS_TAGS}"
 # A failure's own lines can be far above the end of a long run (a failing
 # cluster test prints its daemons' logs): they are repeated last.
+# The report (scripts/testreport) keeps a passing test's output out of the
+# log and ends with the slowest tests, so that the suite's time stays in
+# view.
 testlog=$(mktemp)
-trap 'rm -f "$testlog"' EXIT
-if ! go test -race -tags "$DYADFS_TAGS" -count=1 -timeout 60m ./... 2>&1 | tee "$testlog"; then
+testreport=$(mktemp)
+trap 'rm -f "$testlog" "$testreport"' EXIT
+go build -o "$testreport" ./scripts/testreport
+if ! go test -json -race -tags "$DYADFS_TAGS" -count=1 -timeout 60m ./... 2>&1 | "$testreport" | tee "$testlog"; then
 	echo "== what failed (repeated from above)" >&2
 	grep -E '^\s*--- FAIL|^(FAIL|panic:|fatal error:)|^\s+[A-Za-z0-9_]+\.go:[0-9]+: ' "$testlog" |
 		grep -v -E ' (log|logs|output):$' | cut -c1-400 | tail -n 80 >&2

@@ -197,9 +197,10 @@ type DMD struct {
 	// tempFd is the temporary one, opened once.
 	back   *backing.Dir
 	tempFd int
-	// writingFd is this node's directory of being-written marks (see
-	// markWriting).
-	writingFd int
+	// marks are this node's being-written marks (see writingMarks);
+	// marksLeft, those found at start, until Scan.
+	marks     *writingMarks
+	marksLeft map[uint64][]int
 	// origin is Config.Origin, opened; nil without one.
 	origin *originDir
 	// uncleanStart says the previous daemon did not stop cleanly: copies
@@ -257,7 +258,6 @@ func New(cfg Config, p Parts) (*DMD, error) {
 		log:        log,
 		notifier:   p.Notifier,
 		shutdown:   make(chan struct{}),
-		writingFd:  -1,
 		busy:       make(map[FileID]*writeState),
 		creating:   make(map[string]int),
 		publishing: make(map[string]hfl.Record),
@@ -295,10 +295,8 @@ func New(cfg Config, p Parts) (*DMD, error) {
 		d.closeFds()
 		return nil, err
 	}
-	if err := d.openWritingMarks(); err != nil {
-		d.closeFds()
-		return nil, err
-	}
+	d.marks = openWritingMarks(d.internalPath(), cfg.Node)
+	d.marksLeft = d.marks.left()
 	d.markers = probeMarkers(d.internalPath())
 	if !d.markers {
 		log.Warn("backing store does not support user xattrs: after a restart, fetched copies are told from this node's files by the store's records", "backing", cfg.Backing)
@@ -335,8 +333,8 @@ func New(cfg Config, p Parts) (*DMD, error) {
 
 func (d *DMD) closeFds() {
 	unix.Close(d.tempFd)
-	if d.writingFd >= 0 {
-		unix.Close(d.writingFd)
+	if d.marks != nil {
+		d.marks.close()
 	}
 	d.back.Close()
 	d.origin.close()

@@ -49,8 +49,12 @@ type ScanResult struct {
 // the store keeps their records, so nothing is republished.
 func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 	var res ScanResult
+	held := make(map[int]bool)
+	defer func() {
+		d.marks.keep(held)
+		d.marksLeft = nil
+	}()
 	if d.cfg.SharedStorage {
-		d.dropWritingMarks(d.leftWriting(), nil)
 		return res, nil
 	}
 	if !d.solo() {
@@ -77,8 +81,6 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 			}
 		}()
 	}
-	left, matched := d.leftWriting(), make(map[uint64]bool)
-	defer func() { d.dropWritingMarks(left, matched) }()
 	var dirs []string
 	err := d.back.Walk("", func(rel string, e backing.DirEntry) error {
 		if ctx.Err() != nil {
@@ -117,7 +119,7 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 			d.loadIno(rel)
 			return nil
 		}
-		if d.wasBeingWritten(rel, left, matched) {
+		if d.wasBeingWritten(rel, held) {
 			res.Incomplete++
 			d.log.Warn("file was being written when dyadfs stopped: not published until it is written again", "path", rel)
 			return nil
@@ -201,35 +203,39 @@ func (d *DMD) scanOwnDir(ctx context.Context, rel string, res *ScanResult) {
 }
 
 // wasBeingWritten reports whether the file at rel was being written when
-// the previous daemon died (its inode is in left, the marks found at
-// start, or, after an unclean stop, it carries an earlier release's
-// marker attribute); if so, its readers wait until it is written again.
-// A start after a clean stop with no marks left stats nothing.
-func (d *DMD) wasBeingWritten(rel string, left map[uint64]string, matched map[uint64]bool) bool {
+// the previous daemon died (its inode is among the marks found at start,
+// or, after an unclean stop, it carries an earlier release's marker
+// attribute); if so, its readers wait until it is written again, and its
+// mark's slot goes into held. A start after a clean stop with no marks
+// left stats nothing.
+func (d *DMD) wasBeingWritten(rel string, held map[int]bool) bool {
 	legacy := d.uncleanStart && d.markers
-	if len(left) == 0 && !legacy {
+	if len(d.marksLeft) == 0 && !legacy {
 		return false
 	}
 	var st syscall.Stat_t
 	if d.back.Lstat(rel, &st) != nil {
 		return false
 	}
-	if _, ok := left[st.Ino]; ok {
-		matched[st.Ino] = true
+	slot := 0
+	if slots := d.marksLeft[st.Ino]; len(slots) > 0 {
+		slot = slots[0]
+		held[slot] = true
 	} else if !legacy || !d.hasMarker(rel) {
 		return false
 	}
-	d.holdIncomplete(IDOf(&st))
+	d.holdIncomplete(IDOf(&st), slot)
 	return true
 }
 
-// holdIncomplete makes readers of id wait until it is written again.
-func (d *DMD) holdIncomplete(id FileID) {
+// holdIncomplete makes readers of id wait until it is written again;
+// slot is its being-written mark (0: none).
+func (d *DMD) holdIncomplete(id FileID, slot int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.busy[id] == nil {
 		ws := newWriteState()
-		ws.incomplete, ws.marked = true, true
+		ws.incomplete, ws.mark = true, slot
 		d.busy[id] = ws
 	}
 }

@@ -29,7 +29,7 @@ type writeState struct {
 	dirty      bool                // created by a writer
 	before     fileStamp           // attributes when the first writer opened it
 	haveBefore bool
-	marked     bool // the crash marker is set on disk
+	mark       int  // the slot of its being-written mark (0: none)
 	ending     bool // the last writer is finishing it
 	finished   bool
 	done       chan struct{} // closed when finished
@@ -45,10 +45,7 @@ func (d *DMD) finishLocked(id FileID, ws *writeState) {
 		return
 	}
 	ws.finished = true
-	if ws.marked {
-		d.unmarkWriting(id)
-		ws.marked = false
-	}
+	d.unmarkWritingLocked(ws)
 	if d.busy[id] == ws {
 		delete(d.busy, id)
 	}
@@ -130,14 +127,8 @@ func processOf(tid uint32) uint32 {
 func (w *Writer) Opened(fd int) {
 	d := w.d
 	d.mu.Lock()
-	needMarker := !w.ws.marked
-	w.ws.marked = true
+	d.markWritingLocked(w.id, w.ws)
 	d.mu.Unlock()
-	if needMarker {
-		if err := d.markWriting(w.id); err != nil {
-			d.log.Warn("cannot mark file as being written", "err", err)
-		}
-	}
 	var st syscall.Stat_t
 	if err := syscall.Fstat(fd, &st); err != nil {
 		return
