@@ -174,8 +174,28 @@ print(first, hashlib.sha256(m[:]).hexdigest())
 	if r := <-held; r.err != nil || strings.TrimSpace(r.stdout) != want["0"]+" "+want["0"] {
 		t.Fatalf("the mapping held while the file completed: %v, want the first MiB's hash twice (%s)", r, want["0"])
 	}
-	ents, _ := os.ReadDir(filepath.Join(b.backing, ".dyadfs", "ranged-b"))
+	rangedDir := filepath.Join(b.backing, ".dyadfs", "ranged-b")
+	ents, _ := os.ReadDir(rangedDir)
 	if len(ents) != 0 {
 		t.Fatalf("the ranged directory keeps %d files once the copy is complete", len(ents))
+	}
+
+	// A file read in part, removed on its owner while the reader's
+	// daemon was down: its blocks go when the daemon starts again.
+	b.stop()
+	b.flags = b.flags[:len(b.flags)-1] // without --range-fill
+	b.start()
+	a.mustSh("head -c 73400320 /dev/urandom > mid")
+	if got := readRanges(t, b, "mid", "0"); got["0"] != readRanges(t, a, "mid", "0")["0"] {
+		t.Fatalf("1 MiB of a 70 MiB file read in ranges: %v", got)
+	}
+	if ents, _ := os.ReadDir(rangedDir); len(ents) == 0 {
+		t.Fatal("nothing kept of a file read in part")
+	}
+	b.stop()
+	a.mustSh("rm mid")
+	b.start()
+	if ents, _ := os.ReadDir(rangedDir); len(ents) != 0 {
+		t.Fatalf("after a restart, the ranged directory keeps %d files of a file removed meanwhile", len(ents))
 	}
 }

@@ -951,6 +951,28 @@ func (f *RangedFile) install() {
 	f.drop()
 }
 
+// pruneRanged drops, at start, the files read in ranges whose version the
+// namespace no longer has: replaced or removed while this daemon was
+// down, no open would ever read their blocks again. A file whose record
+// the store cannot give now is kept.
+func (d *DMD) pruneRanged(ctx context.Context) {
+	d.ranged.mu.Lock()
+	taken := make([]*RangedFile, 0, len(d.ranged.m))
+	for _, f := range d.ranged.m {
+		taken = append(taken, f)
+	}
+	d.ranged.mu.Unlock()
+	for _, f := range taken {
+		rec, err := d.loc.Published(ctx, f.meta.Path)
+		gone := errors.Is(err, hfl.ErrNotFound)
+		if !gone && (err != nil || (rec.Generation == f.meta.Gen && rec.Owner == f.meta.Owner)) {
+			continue
+		}
+		d.dropRanged(f.meta.Path)
+		d.log.Info("dropped the blocks of a file read in ranges: its version was replaced or removed meanwhile", "path", f.meta.Path)
+	}
+}
+
 // dropRanged drops the file read in ranges at rel, if any: the path
 // changed (a newer version, a removal, a rename).
 func (d *DMD) dropRanged(rel string) {

@@ -140,6 +140,9 @@ func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 	for i := len(dirs) - 1; i >= 0; i-- {
 		d.scanOwnDir(ctx, dirs[i], &res)
 	}
+	if !d.solo() {
+		d.pruneRanged(ctx)
+	}
 	d.stats.scanPublished.Add(uint64(res.Published))
 	d.stats.scanIncomplete.Add(uint64(res.Incomplete))
 	return res, err
