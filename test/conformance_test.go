@@ -41,7 +41,7 @@ func TestPjdfstest(t *testing.T) {
 	m := newMount(t, "-o", "allow_other")
 	cmd := exec.Command(run, m.mnt)
 	cmd.Dir = m.mnt
-	cmd.Env = append(os.Environ(), "DYAD_PATH_PRODUCER="+m.mnt, "PJDFSTEST_CACHE="+filepath.Join(os.TempDir(), "pjdfstest-85a8aea"))
+	cmd.Env = append(os.Environ(), "DYAD_PATH_PRODUCER="+m.mnt, "PJDFSTEST_CACHE="+filepath.Join(os.TempDir(), "pjdfstest-85a8aea"), "HARNESS_OPTIONS=j3")
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
