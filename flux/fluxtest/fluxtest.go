@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -81,6 +82,9 @@ func Start(t testing.TB, size int) *Instance {
 			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-exited
 		}
+		// A broker can outlive flux start (CI once found one still
+		// shutting down minutes later): none is left behind.
+		killBelow(t, tmp)
 		os.RemoveAll(tmp)
 	})
 	deadline := time.After(60 * time.Second)
@@ -112,6 +116,44 @@ func Start(t testing.TB, size int) *Instance {
 		t.Fatalf("flux start: %d URIs for %d brokers", len(in.URIs), size)
 	}
 	return in
+}
+
+// killBelow kills the processes whose command line names a path below
+// dir (the brokers' run directories are there), and waits until they are
+// gone, at most 10 s.
+func killBelow(t testing.TB, dir string) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pids := processesNaming(dir + "/")
+		if len(pids) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("processes of the Flux instance still running after SIGKILL: %v", pids)
+			return
+		}
+		for _, pid := range pids {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// processesNaming returns the processes whose command line contains s.
+func processesNaming(s string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && strings.Contains(string(b), s) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // Open opens a handle on the broker of rank, closed when the test ends.
