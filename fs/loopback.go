@@ -74,6 +74,11 @@ func (n *node) giveToCaller(ctx context.Context, rel string, mode uint32) {
 	if !ok {
 		return
 	}
+	if int(c.Uid) == os.Geteuid() && int(c.Gid) == os.Getegid() {
+		// Made by the daemon as the caller is: the kernel gave it the
+		// caller's owner, a setgid directory's group, and its mode.
+		return
+	}
 	back := n.fsys.back()
 	gid := int(c.Gid)
 	var dir syscall.Stat_t
@@ -132,19 +137,19 @@ func (n *node) linkHere(ctx context.Context, targetRel, name string, out *fuse.E
 }
 
 // createHere is CREATE in the backing directory.
-func (n *node) createHere(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, *gofs.LoopbackFile, syscall.Errno) {
+func (n *node) createHere(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (ch *gofs.Inode, fh *gofs.LoopbackFile, made bool, errno syscall.Errno) {
 	rel := n.childRel(name)
 	open := int(flags &^ syscall.O_APPEND)
 	// Exclusive first: only a file this call made is given to the
 	// caller. One that another process made meanwhile is opened as it is
 	// (unless the caller asked for O_EXCL itself: EEXIST).
 	fd, err := n.fsys.back().OpenFile(rel, open|os.O_CREATE|os.O_EXCL, mode&07777)
-	made := err == nil
+	made = err == nil
 	if errorsIsExist(err) && flags&syscall.O_EXCL == 0 {
 		fd, err = n.fsys.back().OpenFile(rel, open&^os.O_CREATE, 0)
 	}
 	if err != nil {
-		return nil, nil, gofs.ToErrno(err)
+		return nil, nil, false, gofs.ToErrno(err)
 	}
 	if made {
 		n.giveToCaller(ctx, rel, mode)
@@ -153,10 +158,10 @@ func (n *node) createHere(ctx context.Context, name string, flags, mode uint32, 
 	gen, err := backing.FstatGen(fd, &st)
 	if err != nil {
 		unix.Close(fd)
-		return nil, nil, gofs.ToErrno(err)
+		return nil, nil, false, gofs.ToErrno(err)
 	}
 	out.FromStat(&st)
-	return n.newChild(ctx, &st, gen), gofs.NewLoopbackFile(fd).(*gofs.LoopbackFile), 0
+	return n.newChild(ctx, &st, gen), gofs.NewLoopbackFile(fd).(*gofs.LoopbackFile), made, 0
 }
 
 func errorsIsExist(err error) bool { return err == unix.EEXIST }

@@ -155,7 +155,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	rel := n.childRel(name)
 	n.fsys.dmd.BeginCreate(rel)
 	defer n.fsys.dmd.EndCreate(rel)
-	ch, fh, errno := n.createHere(ctx, name, flags, mode, out)
+	ch, fh, made, errno := n.createHere(ctx, name, flags, mode, out)
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
@@ -163,6 +163,9 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	n.fsys.cached(out)
 	child := ch.Operations().(*node)
 	w := n.fsys.dmd.BeginWrite(child.id, callerTid(ctx), rel, true)
+	if made {
+		w.Made()
+	}
 	if !n.fsys.dmd.CloseWaits() {
 		fuseFlags |= fuse.FOPEN_NOFLUSH
 	}

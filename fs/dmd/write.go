@@ -27,6 +27,7 @@ type writeState struct {
 	names      map[string]struct{} // names the file had while written
 	incomplete bool                // found with a crash marker at start
 	dirty      bool                // created by a writer
+	made       bool                // a new file, made by its writer: it carries no marks
 	before     fileStamp           // attributes when the first writer opened it
 	haveBefore bool
 	mark       int  // the slot of its being-written mark (0: none)
@@ -119,6 +120,14 @@ func processOf(tid uint32) uint32 {
 		return pid
 	}
 	return tid
+}
+
+// Made says that the writer's open made the file: a new inode, which
+// carries none of dyadfs's marks.
+func (w *Writer) Made() {
+	w.d.mu.Lock()
+	w.ws.made = true
+	w.d.mu.Unlock()
 }
 
 // Opened records that the backing file is open as fd: it marks the file
@@ -277,6 +286,7 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, verdict bool) (
 	}
 	d.mu.Lock()
 	changed := ws.dirty || ws.incomplete || !ws.haveBefore || stampOf(&st) != ws.before
+	made := ws.made
 	d.mu.Unlock()
 	if changed && d.cfg.FsyncOnPublish && st.Nlink > 0 {
 		if err := syscall.Fsync(fd); err != nil {
@@ -290,7 +300,7 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, verdict bool) (
 	}
 	if changed {
 		// Changed here, a fetched copy is this node's own file now.
-		if d.markers {
+		if d.markers && !made {
 			clearReplica(fd)
 		}
 		d.mu.Lock()
