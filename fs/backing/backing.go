@@ -5,7 +5,8 @@
 // directory. So the limits on path length are the mount's (a path below
 // the mount is never joined to the backing directory's own path), and no
 // symbolic link, or directory swapped for one, in the backing directory
-// can make an operation act outside it.
+// can make an operation act outside it. The parents last used stay open
+// (see dirCache) until a directory is renamed or removed.
 //
 // Paths are clean, slash-separated and relative to the backing directory
 // ("" for the directory itself); callers (fs, fs/dmd) check that before.
@@ -25,6 +26,7 @@ type Dir struct {
 	fd   int    // O_PATH descriptor of the directory
 	path string // its absolute path, for messages and for the kernel's use
 	dev  uint64 // its device
+	dirs dirCache
 }
 
 // Open opens the backing directory at the absolute path p.
@@ -42,7 +44,10 @@ func Open(p string) (*Dir, error) {
 }
 
 // Close releases the directory's descriptor.
-func (d *Dir) Close() error { return unix.Close(d.fd) }
+func (d *Dir) Close() error {
+	d.dirs.closeAll()
+	return unix.Close(d.fd)
+}
 
 // Fd is the directory's O_PATH descriptor; it stays open until Close.
 func (d *Dir) Fd() int { return d.fd }
@@ -113,11 +118,15 @@ func (d *Dir) Parent(rel string) (int, string, error) {
 
 // at runs op on rel's parent directory and last name.
 func (d *Dir) at(rel string, op func(dirfd int, name string) error) error {
-	dirfd, name, err := d.Parent(rel)
+	if rel == "" {
+		return fmt.Errorf("the backing directory has no parent here: %w", unix.EINVAL)
+	}
+	dir, name := path.Split(rel)
+	dirfd, release, err := d.parent(strings.TrimSuffix(dir, "/"))
 	if err != nil {
 		return err
 	}
-	defer unix.Close(dirfd)
+	defer release()
 	return op(dirfd, name)
 }
 
@@ -236,11 +245,13 @@ func (d *Dir) Unlink(rel string) error {
 
 // Rmdir removes the empty directory rel.
 func (d *Dir) Rmdir(rel string) error {
+	defer d.DirsChange()()
 	return d.at(rel, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR) })
 }
 
 // Rename moves oldRel to newRel, with renameat2's flags.
 func (d *Dir) Rename(oldRel, newRel string, flags uint) error {
+	defer d.DirsChange()()
 	return d.at(oldRel, func(olddir int, oldName string) error {
 		return d.at(newRel, func(newdir int, newName string) error {
 			return unix.Renameat2(olddir, oldName, newdir, newName, flags)

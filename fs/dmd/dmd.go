@@ -287,6 +287,9 @@ func New(cfg Config, p Parts) (*DMD, error) {
 	if d.back, err = backing.Open(cfg.Backing); err != nil {
 		return nil, err
 	}
+	if !cfg.SharedStorage {
+		d.back.CacheDirs() // nothing but this daemon changes the directory
+	}
 	if d.tempFd, err = unix.Open(d.TempDir(), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 		d.back.Close()
 		return nil, fmt.Errorf("open %s: %w", d.TempDir(), err)

@@ -378,7 +378,13 @@ func (d *DMD) removeBeneathLocked(rel string, dir bool, want *syscall.Stat_t) bo
 	}
 	// Unlinked under d.mu: a writer that opens the file registers under
 	// it first (and the file stays), or finds it gone.
-	err = unix.Unlinkat(dirfd, base, flags)
+	if flags == unix.AT_REMOVEDIR {
+		done := d.back.DirsChange()
+		err = unix.Unlinkat(dirfd, base, flags)
+		done()
+	} else {
+		err = unix.Unlinkat(dirfd, base, flags)
+	}
 	failed := err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTEMPTY)
 	if !failed {
 		d.copies.forget(rel)
