@@ -10,8 +10,8 @@ import (
 )
 
 // markerXattr is how releases before the being-written marks (see
-// markWriting) marked a file being written: a file found with it after an
-// unclean stop is held as markWriting's are, and it is removed when the
+// writingMarks) marked a file being written: a file found with it after an
+// unclean stop is held as a marked one is, and it is removed when the
 // file is written again.
 const markerXattr = "user.dyadfs.incomplete"
 

@@ -43,9 +43,9 @@ type ScanResult struct {
 // against the namespace when opened); after an unclean stop they are
 // dropped, as they may not have reached the disk whole.
 //
-// Files still marked as being written (see markWriting) were being written when the previous
-// daemon died: they stay unpublished and readers wait until they are
-// written again. With shared storage every daemon sees the same files and
+// Files still marked as being written (see writingMarks) were being
+// written when the previous daemon died: they stay unpublished and readers
+// wait until they are written again. With shared storage every daemon sees the same files and
 // the store keeps their records, so nothing is republished.
 func (d *DMD) Scan(ctx context.Context) (ScanResult, error) {
 	var res ScanResult

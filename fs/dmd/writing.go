@@ -160,20 +160,16 @@ func (m *writingMarks) keep(held map[int]bool) {
 		top = max(top, slot)
 	}
 	m.free, m.next, m.taken = m.free[:0], top+1, len(held)
-	for slot := top - 1; slot >= 1; slot-- {
-		if !held[slot] {
-			m.free = append(m.free, slot)
-		}
-	}
 	if m.closed || m.openLocked() != nil {
 		return
 	}
 	for slot := top - 1; slot >= 1; slot-- {
 		if !held[slot] {
+			m.free = append(m.free, slot)
 			m.set(slot, 0)
 		}
 	}
-	unix.Ftruncate(m.fd, int64(top+1)*8)
+	unix.Ftruncate(m.fd, int64(top+1)*8) // the slots past top, cleared
 	if m.taken == 0 {
 		unix.Close(m.fd)
 		m.fd = -1
