@@ -187,7 +187,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if errno != 0 {
 		return errno
 	}
+	// go-fuse moves the kernel's entries after this returns.
+	moved, replaced := n.GetChild(name), np.GetChild(newName)
+	named(moved, newRel)
 	if flags&unix.RENAME_EXCHANGE != 0 {
+		named(replaced, oldRel)
 		d.Republish(ctx, oldRel)
 		d.Republish(ctx, newRel)
 		return 0

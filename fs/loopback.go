@@ -41,9 +41,11 @@ func (fsys *FS) stable(st *syscall.Stat_t, gen uint64) gofs.StableAttr {
 	return gofs.StableAttr{Mode: st.Mode, Gen: gen, Ino: swap(st.Dev) ^ swap(fsys.back().Dev()) ^ st.Ino}
 }
 
-// newChild makes the inode of the backing file st under n.
-func (n *node) newChild(ctx context.Context, st *syscall.Stat_t, gen uint64) *gofs.Inode {
-	return n.NewInode(ctx, &node{fsys: n.fsys, id: dmd.IDOf(st)}, n.fsys.stable(st, gen))
+// newChild makes the inode of the backing file st, found as rel, under n.
+func (n *node) newChild(ctx context.Context, rel string, st *syscall.Stat_t, gen uint64) *gofs.Inode {
+	ch := n.NewInode(ctx, &node{fsys: n.fsys, id: dmd.IDOf(st)}, n.fsys.stable(st, gen))
+	named(ch, rel)
+	return ch
 }
 
 // entry looks rel up in the backing directory and makes its inode under n.
@@ -54,7 +56,7 @@ func (n *node) entry(ctx context.Context, rel string, out *fuse.EntryOut) (*gofs
 		return nil, gofs.ToErrno(err)
 	}
 	out.Attr.FromStat(&st)
-	return n.newChild(ctx, &st, gen), 0
+	return n.newChild(ctx, rel, &st, gen), 0
 }
 
 // lookupHere is LOOKUP in the backing directory.
@@ -161,7 +163,7 @@ func (n *node) createHere(ctx context.Context, name string, flags, mode uint32, 
 		return nil, nil, false, gofs.ToErrno(err)
 	}
 	out.FromStat(&st)
-	return n.newChild(ctx, &st, gen), gofs.NewLoopbackFile(fd).(*gofs.LoopbackFile), made, 0
+	return n.newChild(ctx, rel, &st, gen), gofs.NewLoopbackFile(fd).(*gofs.LoopbackFile), made, 0
 }
 
 func errorsIsExist(err error) bool { return err == unix.EEXIST }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"path"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -21,7 +22,53 @@ type node struct {
 	fsys *FS
 	// id is the backing inode this node stands for; go-fuse makes a new
 	// node when a name comes to mean another inode.
-	id dmd.FileID
+	id   dmd.FileID
+	last lastName
+}
+
+// lastName is the path a node was last looked up, made or renamed by. A
+// rename or another node's version can take the name between the
+// kernel's LOOKUP and the OPEN that follows it; a reader's open then
+// starts again from that name, as an open a moment later would, instead
+// of failing (the kernel retries an ESTALE open only once, and the name
+// can be taken again meanwhile).
+type lastName struct{ p atomic.Pointer[string] }
+
+// set records rel; it allocates only when the name changes.
+func (l *lastName) set(rel string) {
+	if p := l.p.Load(); p == nil || *p != rel {
+		l.p.Store(&rel)
+	}
+}
+
+// get returns the last name, and whether there is one.
+func (l *lastName) get() (string, bool) {
+	if p := l.p.Load(); p != nil {
+		return *p, true
+	}
+	return "", false
+}
+
+// lastOf returns the last name of a file's inode (a node here or a remote
+// one), if it has one.
+func lastOf(ino *gofs.Inode) *lastName {
+	switch n := ino.Operations().(type) {
+	case *node:
+		return &n.last
+	case *remoteNode:
+		return &n.last
+	}
+	return nil
+}
+
+// named records that ino is known as rel now.
+func named(ino *gofs.Inode, rel string) {
+	if ino == nil {
+		return
+	}
+	if l := lastOf(ino); l != nil {
+		l.set(rel)
+	}
 }
 
 // Every interface a node implements beyond the embedded loopback's is

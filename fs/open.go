@@ -42,14 +42,19 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		return nil, 0, errno
 	}
 	tid := callerTid(ctx)
-	rel, named := fsys.pathOf(n.EmbeddedInode())
-	if !named {
+	rel, hasName := fsys.pathOf(n.EmbeddedInode())
+	if !hasName {
 		// Its name went (renamed over, removed) between the kernel's
 		// look up and this open. Alone, the backing directory is the
 		// namespace: ENOENT, as a loopback filesystem answers. With
-		// other nodes, ESTALE: the kernel looks the name up again.
+		// other nodes, a reader starts again from the name, as an open
+		// a moment later would (see lastName); a writer has the kernel
+		// look the name up again (ESTALE).
 		if d.Solo() {
 			return nil, 0, syscall.ENOENT
+		}
+		if last, ok := n.last.get(); ok && flags&writeFlags == 0 {
+			return fsys.openWhenHere(ctx, last, flags)
 		}
 		return nil, 0, syscall.ESTALE
 	}
@@ -100,7 +105,8 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		}
 		fh, errno := n.openHere(flags)
 		if errno == syscall.ENOENT && !d.Solo() {
-			return nil, 0, syscall.ESTALE // a copy dropped just now: look up again
+			// A copy dropped, or renamed over, just now.
+			return fsys.openWhenHere(ctx, rel, flags)
 		}
 		if errno != 0 {
 			return nil, 0, errno

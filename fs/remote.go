@@ -25,7 +25,7 @@ type remoteNode struct {
 	// last is the last path it was known by: a rename or an unlink can
 	// take its name between the kernel's LOOKUP and the request that
 	// follows it, and an open then starts again from that name.
-	last atomic.Pointer[string]
+	last lastName
 	// opened says an open of it returned a handle: from then on the
 	// kernel passes its opens through to that handle's backing file
 	// while any is open (see retarget).
@@ -44,7 +44,7 @@ func (fsys *FS) remote(ctx context.Context, parent *gofs.Inode, rel string, rec 
 	attrFromRecord(rec, ino, &out.Attr)
 	fsys.cached(out)
 	r := &remoteNode{fsys: fsys, gen: rec.Generation}
-	r.last.Store(&rel)
+	r.last.set(rel)
 	return parent.NewInode(ctx, r, gofs.StableAttr{Mode: rec.Mode & syscall.S_IFMT, Ino: ino, Gen: rec.Generation | 1<<63})
 }
 
@@ -78,10 +78,11 @@ func attrFromRecord(rec hfl.Record, ino uint64, out *fuse.Attr) {
 // whose name went has no path of its own.
 func (r *remoteNode) rel() (rel string, named bool) {
 	if rel, named = r.fsys.pathOf(r.EmbeddedInode()); named {
-		r.last.Store(&rel)
+		r.last.set(rel)
 		return rel, true
 	}
-	return *r.last.Load(), false
+	rel, _ = r.last.get()
+	return rel, false
 }
 
 // Getattr implements gofs.NodeGetattrer: what this node has of it now, if

@@ -1,0 +1,65 @@
+package fs
+
+import (
+	"context"
+	"os"
+	"syscall"
+	"testing"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// TestOpenOfNameRenamedOverReadsCurrent: the kernel looked x up, then a
+// rename replaced x before its OPEN came. The OPEN of the inode that lost
+// its name reads what x is now, as an open a moment later would. (It used
+// to answer ESTALE, and the kernel retries such an open only once: a
+// reader of a name renamed over twice in a row saw "Stale file handle".)
+func TestOpenOfNameRenamedOverReadsCurrent(t *testing.T) {
+	m := mount(t, nil)
+	if m.fs.dmd.Solo() {
+		t.Fatal("the test mount is alone; this is about a namespace shared with other nodes")
+	}
+	if err := os.WriteFile(m.path("x"), []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(m.path("x")); err != nil {
+		t.Fatal(err)
+	}
+	looked := m.fs.root.EmbeddedInode().GetChild("x")
+	if looked == nil {
+		t.Fatal("the kernel did not look x up")
+	}
+	if err := os.WriteFile(m.path("x.tmp"), []byte("new"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(m.path("x.tmp"), m.path("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, named := m.fs.pathOf(looked); named {
+		t.Fatal("the inode looked up kept its name after the rename")
+	}
+	ctx := fuse.NewContext(context.Background(), &fuse.Caller{Pid: uint32(os.Getpid())})
+	for _, op := range []struct {
+		flags uint32
+		want  syscall.Errno
+	}{{syscall.O_RDONLY, 0}, {syscall.O_WRONLY, syscall.ESTALE}} {
+		fh, _, errno := looked.Operations().(gofs.NodeOpener).Open(ctx, op.flags)
+		if errno != op.want {
+			t.Fatalf("open(%#o) of the inode renamed over: %v, want %v", op.flags, errno, op.want)
+		}
+		if errno != 0 {
+			continue
+		}
+		buf := make([]byte, 16)
+		res, errno := fh.(gofs.FileReader).Read(ctx, buf, 0)
+		if errno != 0 {
+			t.Fatalf("read: %v", errno)
+		}
+		got, _ := res.Bytes(buf)
+		if string(got) != "new" {
+			t.Errorf("read %q through the inode renamed over, want the current %q", got, "new")
+		}
+		fh.(gofs.FileReleaser).Release(ctx)
+	}
+}
