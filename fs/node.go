@@ -175,6 +175,15 @@ func (fsys *FS) cacheTTL() time.Duration {
 // Getattr implements gofs.NodeGetattrer.
 func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	errno := n.getattrHere(ctx, f, out)
+	if errno == syscall.ENOENT && f == nil {
+		// Its name went since the kernel looked it up: renamed over
+		// (the node has no name now), or replaced by another node's
+		// version (the file here was removed). ESTALE has the kernel
+		// look the name up again, as a stat a moment later would;
+		// ENOENT would tell a program that stats a name that always
+		// exists that it is missing.
+		return syscall.ESTALE
+	}
 	if errno == 0 {
 		out.Ino = n.StableAttr().Ino // the number shown (see stable), not the backing one
 		out.SetTimeout(n.fsys.cacheTTL())

@@ -45,16 +45,15 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	rel, hasName := fsys.pathOf(n.EmbeddedInode())
 	if !hasName {
 		// Its name went (renamed over, removed) between the kernel's
-		// look up and this open. Alone, the backing directory is the
-		// namespace: ENOENT, as a loopback filesystem answers. With
-		// other nodes, a reader starts again from the name, as an open
-		// a moment later would (see lastName); a writer has the kernel
-		// look the name up again (ESTALE).
+		// look up and this open. A reader starts again from the name,
+		// as an open a moment later would (see lastName). A writer:
+		// alone, ENOENT, as a loopback filesystem answers; with other
+		// nodes, ESTALE has the kernel look the name up again.
+		if last, ok := n.last.get(); ok && flags&writeFlags == 0 {
+			return fsys.reopen(ctx, last, flags)
+		}
 		if d.Solo() {
 			return nil, 0, syscall.ENOENT
-		}
-		if last, ok := n.last.get(); ok && flags&writeFlags == 0 {
-			return fsys.openWhenHere(ctx, last, flags)
 		}
 		return nil, 0, syscall.ESTALE
 	}
@@ -70,7 +69,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			// version; the kernel refreshes the inode's attributes.
 			n.NotifyContent(-1, 0)
 			defer fsys.forget(rel)
-			return fsys.openWhenHere(ctx, rel, flags)
+			return fsys.reopen(ctx, rel, flags)
 		}
 		// Gone here, or opened to write: it looks up again (the
 		// kernel retries an open that gets ESTALE once), and finds
@@ -80,7 +79,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	if regular && !d.CurrentHere(ctx, rel) {
 		defer fsys.forget(rel)
 		if flags&writeFlags == 0 {
-			return fsys.openWhenHere(ctx, rel, flags)
+			return fsys.reopen(ctx, rel, flags)
 		}
 		// A writer writes the current version, which is another file
 		// than this inode's. While any handle of this inode is open,
@@ -104,9 +103,10 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			}
 		}
 		fh, errno := n.openHere(flags)
-		if errno == syscall.ENOENT && !d.Solo() {
-			// A copy dropped, or renamed over, just now.
-			return fsys.openWhenHere(ctx, rel, flags)
+		if errno == syscall.ENOENT {
+			// Renamed over (or, with other nodes, a copy dropped)
+			// just now: the name's current version.
+			return fsys.reopen(ctx, rel, flags)
 		}
 		if errno != 0 {
 			return nil, 0, errno
@@ -133,6 +133,23 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		fuseFlags |= fuse.FOPEN_NOFLUSH
 	}
 	return h, fuseFlags, 0
+}
+
+// reopen opens for reading what rel is now, for an open of an inode that
+// rel no longer names (see lastName). If rel is not a regular file any
+// more (a directory, or a symbolic link, which the kernel follows itself),
+// the daemon cannot open it in the kernel's stead: with other nodes,
+// ESTALE has the kernel look the name up again; alone, ENOENT, as a
+// loopback filesystem answers.
+func (fsys *FS) reopen(ctx context.Context, rel string, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	fh, fuseFlags, errno := fsys.openWhenHere(ctx, rel, flags)
+	if errno == syscall.EISDIR {
+		if fsys.dmd.Solo() {
+			return nil, 0, syscall.ENOENT
+		}
+		return nil, 0, syscall.ESTALE
+	}
+	return fh, fuseFlags, errno
 }
 
 // backingID returns the backing inode the node's path names now, whether

@@ -15,6 +15,7 @@ import (
 // its name reads what x is now, as an open a moment later would. (It used
 // to answer ESTALE, and the kernel retries such an open only once: a
 // reader of a name renamed over twice in a row saw "Stale file handle".)
+// A GETATTR of it answers ESTALE, not ENOENT: stat retries the lookup.
 func TestOpenOfNameRenamedOverReadsCurrent(t *testing.T) {
 	m := mount(t, nil)
 	if m.fs.dmd.Solo() {
@@ -40,6 +41,12 @@ func TestOpenOfNameRenamedOverReadsCurrent(t *testing.T) {
 		t.Fatal("the inode looked up kept its name after the rename")
 	}
 	ctx := fuse.NewContext(context.Background(), &fuse.Caller{Pid: uint32(os.Getpid())})
+	// A stat of it has the kernel look the name up again (a stat a
+	// moment later finds the new file) rather than say x is missing.
+	var attr fuse.AttrOut
+	if errno := looked.Operations().(gofs.NodeGetattrer).Getattr(ctx, nil, &attr); errno != syscall.ESTALE {
+		t.Errorf("getattr of the inode renamed over: %v, want ESTALE", errno)
+	}
 	for _, op := range []struct {
 		flags uint32
 		want  syscall.Errno

@@ -160,7 +160,7 @@ func (r *remoteNode) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle
 		if flags&writeFlags != 0 {
 			return nil, 0, syscall.ESTALE
 		}
-		return fsys.openWhenHere(ctx, rel, flags)
+		return fsys.reopen(ctx, rel, flags)
 	}
 	rec, ok, err := fsys.dmd.Entry(ctx, rel, false)
 	if err == nil && ok && rec.Generation != r.gen && !fsys.dmd.Mine(rel) {

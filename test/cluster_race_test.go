@@ -26,9 +26,9 @@ func loopFor(d time.Duration, body string) string {
 
 // TestClusterOpenWhileRenamedOver: a reader's open of an existing file is
 // never turned into an open of the mount's root (EISDIR) or of nothing
-// (ENOENT) when a rename replaces the name on the reader's node between
-// the kernel's LOOKUP and its OPEN, while the version it replaces came
-// from another node.
+// (ENOENT, ESTALE) when a rename replaces the name on the reader's node
+// between the kernel's LOOKUP and its OPEN, while the version it replaces
+// came from another node; a stat of the name always finds a file.
 func TestClusterOpenWhileRenamedOver(t *testing.T) {
 	c := newCluster(t, 2)
 	a, b := c.nodes[0], c.nodes[1]
@@ -38,6 +38,7 @@ func TestClusterOpenWhileRenamedOver(t *testing.T) {
 	renamer := a.startSh(loopFor(d, "head -c 65536 /dev/urandom > x.tmp && mv x.tmp x; sleep 0.1"))
 	reader := a.startSh(loopFor(d, "cat x >/dev/null 2>>../read-errors || true; n=$((n+1))") + "; echo $n")
 	nowait := a.startSh("export DYADFS_WAIT=0; " + loopFor(d, "cat x >/dev/null 2>>../nowait-errors || true; n=$((n+1))") + "; echo $n")
+	statter := a.startSh(loopFor(d, "stat -c %F x >>../stat-types 2>&1; n=$((n+1))") + "; echo $n")
 	for _, ch := range []<-chan result{writer, renamer} {
 		if r := <-ch; r.err != nil {
 			t.Fatalf("a writer failed: %v", r)
@@ -46,10 +47,21 @@ func TestClusterOpenWhileRenamedOver(t *testing.T) {
 	for _, x := range []struct {
 		ch   <-chan result
 		errs string
-	}{{reader, "read-errors"}, {nowait, "nowait-errors"}} {
+	}{{reader, "read-errors"}, {nowait, "nowait-errors"}, {statter, ""}} {
 		r := <-x.ch
 		if r.err != nil {
 			t.Fatalf("a reader failed: %v", r)
+		}
+		if x.errs == "" {
+			// A stat of the name, which always exists, says a file.
+			t.Logf("%s stats", strings.TrimSpace(r.stdout))
+			for _, l := range strings.Split(strings.TrimSpace(c.readFile("stat-types")), "\n") {
+				if l != "regular file" {
+					t.Errorf("a stat of an existing file while it was renamed over said %q", l)
+					break
+				}
+			}
+			continue
 		}
 		errs := c.readFile(x.errs)
 		t.Logf("%s: %s opens", x.errs, strings.TrimSpace(r.stdout))

@@ -203,3 +203,32 @@ func TestCtimeStillAfterClose(t *testing.T) {
 		t.Fatalf("ctime changed after close for (count, first names): %s", out)
 	}
 }
+
+// TestReadWhileRenamedOverAlone: on a node alone, cat of a name that mv
+// keeps renaming a new file over always reads one of its versions, and
+// stat always finds a file. The kernel looks the name up and then opens
+// (or stats) what it found; a rename in between used to make that answer
+// ENOENT.
+func TestReadWhileRenamedOverAlone(t *testing.T) {
+	m := newMount(t)
+	mustSh(t, m.mnt, "head -c 65536 /dev/urandom > x")
+	loop := func(body string) string {
+		return "end=$(($(date +%s)+6)); n=0; while [ $(date +%s) -lt $end ]; do " + body + "; n=$((n+1)); done; echo $n"
+	}
+	renamer := start(t, m.mnt, "sh", "-c", loop("head -c 65536 /dev/urandom > x.tmp && mv x.tmp x"))
+	readers := []<-chan result{
+		start(t, m.mnt, "sh", "-c", loop("cat x >/dev/null")),
+		start(t, m.mnt, "sh", "-c", loop("cat x >/dev/null")),
+		start(t, m.mnt, "sh", "-c", loop("stat -c %F x | grep -v '^regular file$'")),
+	}
+	if r := <-renamer; r.err != nil {
+		t.Fatalf("the renames failed: %v", r)
+	}
+	for _, ch := range readers {
+		r := <-ch
+		t.Logf("%s reads", strings.TrimSpace(r.stdout))
+		if r.err != nil || r.stderr != "" {
+			t.Errorf("a read or stat of a name renamed over failed: %v", r)
+		}
+	}
+}
