@@ -136,12 +136,16 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 }
 
 // reopen opens for reading what rel is now, for an open of an inode that
-// rel no longer names (see lastName). If rel is not a regular file any
-// more (a directory, or a symbolic link, which the kernel follows itself),
-// the daemon cannot open it in the kernel's stead: with other nodes,
-// ESTALE has the kernel look the name up again; alone, ENOENT, as a
-// loopback filesystem answers.
+// rel no longer names (see lastName). A name removed meanwhile is waited
+// for only by a caller that waits for missing files (see waits). If rel is
+// not a regular file any more (a directory, or a symbolic link, which the
+// kernel follows itself), the daemon cannot open it in the kernel's
+// stead: with other nodes, ESTALE has the kernel look the name up again;
+// alone, ENOENT, as a loopback filesystem answers.
 func (fsys *FS) reopen(ctx context.Context, rel string, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if !fsys.nameExists(ctx, rel) && !fsys.waits(callerTid(ctx), rel) {
+		return nil, 0, syscall.ENOENT
+	}
 	fh, fuseFlags, errno := fsys.openWhenHere(ctx, rel, flags)
 	if errno == syscall.EISDIR {
 		if fsys.dmd.Solo() {
@@ -150,6 +154,16 @@ func (fsys *FS) reopen(ctx context.Context, rel string, flags uint32) (gofs.File
 		return nil, 0, syscall.ESTALE
 	}
 	return fh, fuseFlags, errno
+}
+
+// nameExists reports whether rel names something here or in the namespace.
+func (fsys *FS) nameExists(ctx context.Context, rel string) bool {
+	var st syscall.Stat_t
+	if fsys.back().Lstat(rel, &st) == nil {
+		return true
+	}
+	_, ok, err := fsys.dmd.Entry(ctx, rel, false)
+	return ok || err != nil // a namespace that cannot answer: as before, wait
 }
 
 // backingID returns the backing inode the node's path names now, whether

@@ -5,9 +5,12 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/dyadfs/dyadfs/fs/dmd"
 )
 
 // TestOpenOfNameRenamedOverReadsCurrent: the kernel looked x up, then a
@@ -68,5 +71,32 @@ func TestOpenOfNameRenamedOverReadsCurrent(t *testing.T) {
 			t.Errorf("read %q through the inode renamed over, want the current %q", got, "new")
 		}
 		fh.(gofs.FileReleaser).Release(ctx)
+	}
+}
+
+// TestOpenOfNameRemovedMeanwhileWaitsOnlyForWaiters: the kernel looked x
+// up, then x was removed before its OPEN came. A caller that does not
+// wait for missing files (here: x matches the mount's never-wait names)
+// gets ENOENT at once, as an open a moment later would.
+func TestOpenOfNameRemovedMeanwhileWaitsOnlyForWaiters(t *testing.T) {
+	m := mount(t, func(_ *dmd.Config, c *Config) { c.NeverWait = append(c.NeverWait, "x") })
+	if err := os.WriteFile(m.path("x"), []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(m.path("x")); err != nil {
+		t.Fatal(err)
+	}
+	looked := m.fs.root.EmbeddedInode().GetChild("x")
+	if looked == nil {
+		t.Fatal("the kernel did not look x up")
+	}
+	if err := os.Remove(m.path("x")); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ctx = fuse.NewContext(ctx, &fuse.Caller{Pid: uint32(os.Getpid())})
+	if _, _, errno := looked.Operations().(gofs.NodeOpener).Open(ctx, syscall.O_RDONLY); errno != syscall.ENOENT {
+		t.Fatalf("open of the inode whose name was removed: %v, want ENOENT", errno)
 	}
 }

@@ -213,7 +213,7 @@ func TestReadWhileRenamedOverAlone(t *testing.T) {
 	m := newMount(t)
 	mustSh(t, m.mnt, "head -c 65536 /dev/urandom > x")
 	loop := func(body string) string {
-		return "end=$(($(date +%s)+6)); n=0; while [ $(date +%s) -lt $end ]; do " + body + "; n=$((n+1)); done; echo $n"
+		return "end=$(($(date +%s)+4)); n=0; while [ $(date +%s) -lt $end ]; do " + body + "; n=$((n+1)); done; echo $n"
 	}
 	renamer := start(t, m.mnt, "sh", "-c", loop("head -c 65536 /dev/urandom > x.tmp && mv x.tmp x"))
 	readers := []<-chan result{
