@@ -188,10 +188,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		return errno
 	}
 	// go-fuse moves the kernel's entries after this returns.
-	moved, replaced := n.GetChild(name), np.GetChild(newName)
-	named(moved, newRel)
+	named(n.GetChild(name), newRel)
 	if flags&unix.RENAME_EXCHANGE != 0 {
-		named(replaced, oldRel)
+		named(np.GetChild(newName), oldRel)
 		d.Republish(ctx, oldRel)
 		d.Republish(ctx, newRel)
 		return 0

@@ -24,16 +24,7 @@ func TestOpenOfNameRenamedOverReadsCurrent(t *testing.T) {
 	if m.fs.dmd.Solo() {
 		t.Fatal("the test mount is alone; this is about a namespace shared with other nodes")
 	}
-	if err := os.WriteFile(m.path("x"), []byte("old"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(m.path("x")); err != nil {
-		t.Fatal(err)
-	}
-	looked := m.fs.root.EmbeddedInode().GetChild("x")
-	if looked == nil {
-		t.Fatal("the kernel did not look x up")
-	}
+	looked := m.lookedUp(t, "x", "old")
 	if err := os.WriteFile(m.path("x.tmp"), []byte("new"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -80,16 +71,7 @@ func TestOpenOfNameRenamedOverReadsCurrent(t *testing.T) {
 // gets ENOENT at once, as an open a moment later would.
 func TestOpenOfNameRemovedMeanwhileWaitsOnlyForWaiters(t *testing.T) {
 	m := mount(t, func(_ *dmd.Config, c *Config) { c.NeverWait = append(c.NeverWait, "x") })
-	if err := os.WriteFile(m.path("x"), []byte("old"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(m.path("x")); err != nil {
-		t.Fatal(err)
-	}
-	looked := m.fs.root.EmbeddedInode().GetChild("x")
-	if looked == nil {
-		t.Fatal("the kernel did not look x up")
-	}
+	looked := m.lookedUp(t, "x", "old")
 	if err := os.Remove(m.path("x")); err != nil {
 		t.Fatal(err)
 	}
@@ -99,4 +81,21 @@ func TestOpenOfNameRemovedMeanwhileWaitsOnlyForWaiters(t *testing.T) {
 	if _, _, errno := looked.Operations().(gofs.NodeOpener).Open(ctx, syscall.O_RDONLY); errno != syscall.ENOENT {
 		t.Fatalf("open of the inode whose name was removed: %v, want ENOENT", errno)
 	}
+}
+
+// lookedUp writes name with content through the mount, has the kernel
+// look it up (stat), and returns the inode it looked up.
+func (m *mounted) lookedUp(t *testing.T, name, content string) *gofs.Inode {
+	t.Helper()
+	if err := os.WriteFile(m.path(name), []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(m.path(name)); err != nil {
+		t.Fatal(err)
+	}
+	looked := m.fs.root.EmbeddedInode().GetChild(name)
+	if looked == nil {
+		t.Fatalf("the kernel did not look %s up", name)
+	}
+	return looked
 }
