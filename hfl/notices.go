@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 )
 
 // Notices keeps this node's view of the namespace coherent with the other
@@ -108,6 +109,20 @@ type PublishOptions struct {
 	// with Writing set, so that no node serves its copy any more. The next
 	// publish ends the claim.
 	Claim bool
+	// Spent, if not nil, adds up where the publish's time went.
+	Spent *PublishSpent
+}
+
+// PublishSpent is where one publish's time went: the daemon counts it for
+// the closes that wait (see dyadfs status), so that what a close costs can
+// be seen stage by stage.
+type PublishSpent struct {
+	// Commit is the store's commit, as the publish waited for it (a group
+	// commit's queue included).
+	Commit time.Duration
+	// Tell is the rest: the record sent ahead, and the path's home told
+	// of the commit, telling every holder first if the publish waits.
+	Tell time.Duration
 }
 
 // SingleNode is the notices of a daemon that shares its store with no

@@ -15,6 +15,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/dyadfs/dyadfs/fs/dmd"
 )
 
 // BenchmarkClusterCost measures what one published file costs, on two
@@ -44,8 +46,11 @@ func BenchmarkClusterCost(b *testing.B) {
 		a, n := c.nodes[0], c.nodes[1]
 		var bare float64
 		if mode.wait == "" {
+			etcd := cpuMs(c.etcd.Process.Pid)
 			bare = c.barePutP50(b, a)
 			add(benchRow{name: "bare etcd commit p50 (one put, from node 1)", unit: "us", value: bare})
+			// etcd's own floor: what a lone put costs it, nothing else running.
+			add(benchRow{name: "bare etcd commit: etcd CPU per lone put", unit: "us", value: 1000 * (cpuMs(c.etcd.Process.Pid) - etcd) / barePuts})
 		}
 		before := c.costNow(a, n)
 		res := e2e(b, a, n, "cost", files, 4096, false)
@@ -70,6 +75,23 @@ func BenchmarkClusterCost(b *testing.B) {
 		add(benchRow{name: "1 file (" + mode.name + "): consumer daemon heap bytes allocated", unit: "B", value: per(d.allocBytes[1])})
 		add(benchRow{name: "1 file (" + mode.name + "): producer FUSE requests", unit: "req", value: per(d.requests[0])})
 		add(benchRow{name: "1 file (" + mode.name + "): consumer FUSE requests", unit: "req", value: per(d.requests[1])})
+		if cl := d.closes; cl.Count > 0 {
+			// Where a waiting close's time goes (the producer's status).
+			mean := func(s float64) float64 { return 1e6 * s / float64(cl.Count) }
+			for _, st := range []struct {
+				what string
+				s    float64
+			}{
+				{"last-close check (/proc/<pid>/fd)", cl.CheckSeconds},
+				{"record (attributes, marks, bytes, checksum)", cl.RecordSeconds},
+				{"store commit", cl.CommitSeconds},
+				{"home and holders told", cl.TellSeconds},
+				{"the rest", cl.TotalSeconds - cl.CheckSeconds - cl.RecordSeconds - cl.CommitSeconds - cl.TellSeconds},
+				{"whole close (FLUSH handler)", cl.TotalSeconds},
+			} {
+				add(benchRow{name: "1 file (" + mode.name + "): waiting close, mean: " + st.what, unit: "us", value: mean(st.s)})
+			}
+		}
 		c.teardown()
 	}
 
@@ -94,10 +116,15 @@ type cost struct {
 	etcdCPU, txns, dbBytes float64
 	cpu, requests          [2]float64
 	allocs, allocBytes     [2]float64
+	closes                 dmd.CloseStats // the producer's
 }
 
 func (c cost) minus(o cost) cost {
 	d := cost{etcdCPU: c.etcdCPU - o.etcdCPU, txns: c.txns - o.txns, dbBytes: c.dbBytes - o.dbBytes}
+	d.closes = dmd.CloseStats{Count: c.closes.Count - o.closes.Count,
+		CheckSeconds: c.closes.CheckSeconds - o.closes.CheckSeconds, RecordSeconds: c.closes.RecordSeconds - o.closes.RecordSeconds,
+		CommitSeconds: c.closes.CommitSeconds - o.closes.CommitSeconds, TellSeconds: c.closes.TellSeconds - o.closes.TellSeconds,
+		TotalSeconds: c.closes.TotalSeconds - o.closes.TotalSeconds}
 	for i := range c.cpu {
 		d.cpu[i] = c.cpu[i] - o.cpu[i]
 		d.requests[i] = c.requests[i] - o.requests[i]
@@ -119,6 +146,7 @@ func (c *cluster) costNow(nodes ...*node) cost {
 			k.requests[i] += float64(op.Count)
 		}
 		if i == 0 {
+			k.closes = st.DMD.Closes
 			store := storeSection(st)
 			k.txns, _ = store["transactions"].(float64)
 			k.dbBytes, _ = store["db_bytes"].(float64)
@@ -211,9 +239,12 @@ func ring(b *testing.B, nodes, files int) (float64, float64) {
 // barePutP50 is the median of 300 sequential etcd puts of a record's size
 // from node n, over the same network as its daemon's: what a store
 // commit costs without dyadfs.
+// barePuts is how many puts barePutP50 makes.
+const barePuts = 1000
+
 func (c *cluster) barePutP50(b *testing.B, n *node) float64 {
 	b.Helper()
-	out, err := n.run(helperCmd("etcd-put-p50", etcdAddr, "300")...)
+	out, err := n.run(helperCmd("etcd-put-p50", etcdAddr, strconv.Itoa(barePuts))...)
 	if err != nil {
 		b.Fatalf("etcd-put-p50: %v %s", err, out)
 	}

@@ -83,7 +83,8 @@ exit $fail`, writers, files, okList, okList, okList)
 
 // TestClusterGroupCommit: 16 writers whose closes wait for the store
 // share its transactions (the store section of the status counts them),
-// and every file is read on the other node with its bytes.
+// and every file is read on the other node with its bytes. The status
+// says where the waiting closes' time went.
 func TestClusterGroupCommit(t *testing.T) {
 	const writers, files = 16, 60
 	c := newCluster(t, 2)
@@ -98,6 +99,14 @@ func TestClusterGroupCommit(t *testing.T) {
 		t.Fatalf("store section %v: want at least %d publishes in fewer transactions", store, writers*files)
 	}
 	t.Logf("%v publishes in %v transactions", pubs, txns)
+	cl := n0.status().DMD.Closes
+	stages := cl.CheckSeconds + cl.RecordSeconds + cl.CommitSeconds + cl.TellSeconds
+	if cl.Count != writers*files || cl.CommitSeconds <= 0 || cl.TellSeconds <= 0 || cl.RecordSeconds <= 0 || stages > cl.TotalSeconds {
+		t.Fatalf("status waiting closes %+v: want %d closes, each stage timed, within their total", cl, writers*files)
+	}
+	if out, err := n0.run(dyadfsBin, "status", c.mnt); err != nil || !strings.Contains(out, "closes that waited for the store") {
+		t.Fatalf("dyadfs status does not show the waiting closes: %v\n%s", err, out)
+	}
 	sameOnBoth(t, c, n0, n1, ok, writers*files)
 }
 

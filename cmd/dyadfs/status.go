@@ -110,6 +110,11 @@ func printStatus(out io.Writer, st *fs.Status) {
 	row("  files being written", d.BusyFiles)
 	row("  write opens", d.WriteOpens)
 	row("  publishes", fmt.Sprintf("%d (errors %d, at start %d)", d.Publishes, d.PublishErrors, d.ScanPublished))
+	if cl := d.Closes; cl.Count > 0 {
+		mean := func(s float64) string { return fmt.Sprintf("%.0f", 1e6*s/float64(cl.Count)) }
+		row("  closes that waited for the store", fmt.Sprintf("%d, mean %s µs: last-close check %s, record %s, commit %s, nodes told %s",
+			cl.Count, mean(cl.TotalSeconds), mean(cl.CheckSeconds), mean(cl.RecordSeconds), mean(cl.CommitSeconds), mean(cl.TellSeconds)))
+	}
 	row("  fsyncs before publish", d.Fsyncs)
 	row("  unpublishes", d.Unpublishes)
 	row("  incomplete at start", d.ScanIncomplete)

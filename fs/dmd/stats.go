@@ -35,6 +35,42 @@ type counters struct {
 	// those brought here from it and published.
 	originReads     atomic.Uint64
 	originPublished atomic.Uint64
+
+	// closes counts writers' closes that published and waited for the
+	// store; the close...Ns fields, where their time went (see CloseStats).
+	closes atomic.Uint64
+
+	closeCheckNs, closeRecordNs, closeCommitNs, closeTellNs, closeNs atomic.Uint64
+}
+
+// closed counts a waiting close.
+func (c *counters) closed(s *closeSpent) {
+	c.closes.Add(1)
+	c.closeCheckNs.Add(uint64(s.check))
+	c.closeRecordNs.Add(uint64(s.record))
+	c.closeCommitNs.Add(uint64(s.store.Commit))
+	c.closeTellNs.Add(uint64(s.store.Tell))
+	c.closeNs.Add(uint64(s.total))
+}
+
+// CloseStats is where the time of writers' closes that published the file
+// and waited for the store went, added up over those closes (a stage's
+// mean is its seconds divided by Count). The rest of Total is the
+// bookkeeping around the stages.
+type CloseStats struct {
+	Count uint64 `json:"count" help:"Writers' closes that published the file and waited for the store."`
+	// Check: is it the writer's last close (no other descriptor of the
+	// file open, which /proc/<pid>/fd shows).
+	CheckSeconds float64 `json:"check_seconds_total" help:"Time waiting closes spent checking that they were their writer's last (/proc/<pid>/fd)."`
+	// Record: the file's record, from its attributes, marks, bytes and
+	// checksum.
+	RecordSeconds float64 `json:"record_seconds_total" help:"Time waiting closes spent making the file's record (attributes, marks, bytes, checksum)."`
+	// Commit: the store's commit, as the close waited for it.
+	CommitSeconds float64 `json:"commit_seconds_total" help:"Time waiting closes spent waiting for the store's commit."`
+	// Tell: the record sent ahead and the path's home told, which told
+	// every node that holds the path first.
+	TellSeconds  float64 `json:"tell_seconds_total" help:"Time waiting closes spent telling the path's home, which tells every node that holds the path."`
+	TotalSeconds float64 `json:"seconds_total" help:"Time waiting closes took in all."`
 }
 
 func (c *counters) waited(d time.Duration) {
@@ -97,6 +133,8 @@ type Stats struct {
 	Cache CacheStats `json:"cache"`
 	// Ranged is what large files read in ranges fetched.
 	Ranged RangedStats `json:"ranged"`
+	// Closes is where waiting closes' time went.
+	Closes CloseStats `json:"waiting_closes"`
 }
 
 // Stats returns a snapshot of the counters.
@@ -116,8 +154,8 @@ func (d *DMD) Stats() Stats {
 		Fsyncs:           c.fsyncs.Load(),
 		Unpublishes:      c.unpublishes.Load(),
 		OpensWaited:      c.opensWaited.Load(),
-		WaitSeconds:      time.Duration(c.waitNanos.Load()).Seconds(),
-		WaitMaxSeconds:   time.Duration(c.waitMaxNanos.Load()).Seconds(),
+		WaitSeconds:      seconds(&c.waitNanos),
+		WaitMaxSeconds:   seconds(&c.waitMaxNanos),
 		WaitTimeouts:     c.waitTimeouts.Load(),
 		WaitInterrupts:   c.waitInterrupts.Load(),
 		Fetches:          c.fetches.Load(),
@@ -131,7 +169,7 @@ func (d *DMD) Stats() Stats {
 		ClaimErrors:      c.claimErrors.Load(),
 		Checksums:        c.checksums.Load(),
 		ChecksumBytes:    c.checksumBytes.Load(),
-		ChecksumSeconds:  time.Duration(c.checksumNanos.Load()).Seconds(),
+		ChecksumSeconds:  seconds(&c.checksumNanos),
 		Copies:           copies,
 		Superseded:       superseded,
 		BusyFiles:        busy,
@@ -141,5 +179,15 @@ func (d *DMD) Stats() Stats {
 		OriginPublished:  c.originPublished.Load(),
 		Cache:            d.copies.stats(),
 		Ranged:           d.rangedStats(),
+		Closes: CloseStats{
+			Count:         c.closes.Load(),
+			CheckSeconds:  seconds(&c.closeCheckNs),
+			RecordSeconds: seconds(&c.closeRecordNs),
+			CommitSeconds: seconds(&c.closeCommitNs),
+			TellSeconds:   seconds(&c.closeTellNs),
+			TotalSeconds:  seconds(&c.closeNs),
+		},
 	}
 }
+
+func seconds(ns *atomic.Uint64) float64 { return time.Duration(ns.Load()).Seconds() }

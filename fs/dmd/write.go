@@ -183,7 +183,7 @@ func (w *Writer) End(ctx context.Context, fd int, rel string) error {
 	if w.closed {
 		return w.again(ctx, fd, rel, false)
 	}
-	_, err := w.finish(ctx, fd, rel, false)
+	_, err := w.finish(ctx, fd, rel, publishAside)
 	return err
 }
 
@@ -201,6 +201,7 @@ func (w *Writer) Close(ctx context.Context, fd int, rel string, tid uint32, held
 	if d.cfg.CloseWait <= 0 || d.solo() {
 		return nil
 	}
+	start := time.Now()
 	w.closing.Lock()
 	defer w.closing.Unlock()
 	if w.closed {
@@ -220,7 +221,10 @@ func (w *Writer) Close(ctx context.Context, fd int, rel string, tid uint32, held
 	}
 	done, _ := d.startWait(rel, tid, "publish at close")
 	defer done()
-	st, err := w.finish(ctx, fd, rel, true)
+	spent := closeSpent{check: time.Since(start)}
+	how := publishVerdict
+	how.spent = &spent
+	st, err := w.finish(ctx, fd, rel, how)
 	w.closed = true
 	if st != nil {
 		// As it is now: finishing it cleared its marks, a change of
@@ -232,6 +236,8 @@ func (w *Writer) Close(ctx context.Context, fd int, rel string, tid uint32, held
 		stamp := stampOf(st)
 		w.finishedAs = &stamp
 	}
+	spent.total = time.Since(start)
+	d.stats.closed(&spent)
 	return err
 }
 
@@ -261,11 +267,13 @@ func (w *Writer) again(ctx context.Context, fd int, rel string, verdict bool) er
 }
 
 // finish drops the handle and, when it was the last, finishes the file:
-// see End. With verdict, its publishes wait for the store (see Close) and
-// the first failure is returned. It returns what the file was when
-// finished, or nil if another handle still writes it.
-func (w *Writer) finish(ctx context.Context, fd int, rel string, verdict bool) (*syscall.Stat_t, error) {
+// see End. It publishes as how says; with a verdict, its publishes wait for
+// the store (see Close) and the first failure is returned. It returns what
+// the file was when finished, or nil if another handle still writes it.
+func (w *Writer) finish(ctx context.Context, fd int, rel string, how publishHow) (*syscall.Stat_t, error) {
 	d := w.d
+	verdict := how.verdict
+	start := time.Now()
 	ws := w.ws
 	d.mu.Lock()
 	w.dropLocked()
@@ -361,10 +369,13 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, verdict bool) (
 				d.notHashed(name, err)
 				continue
 			}
+			if written && how.spent != nil {
+				how.spent.record = time.Since(start)
+			}
 			written = false
 			// Without a verdict, a failed publish is only retried
 			// (publish logs it): the release has no one to tell.
-			if err := d.publish(ctx, rec, closePublish(verdict)); err != nil && verdict && first == nil {
+			if err := d.publish(ctx, rec, how); err != nil && verdict && first == nil {
 				first = err
 			}
 			// Release is asynchronous: a rename may have taken the
@@ -565,6 +576,14 @@ type publishHow struct {
 	// does not answer, it tries again for up to Config.CloseWait; a
 	// refusal ends it at once. A failure wraps ErrPublish.
 	verdict bool
+	// spent, if not nil, adds up where a waiting close's time went.
+	spent *closeSpent
+}
+
+// closeSpent is where one waiting close's time went (see CloseStats).
+type closeSpent struct {
+	check, record, total time.Duration
+	store                hfl.PublishSpent
 }
 
 var (
@@ -600,6 +619,9 @@ func (d *DMD) publish(ctx context.Context, rec hfl.Record, how publishHow) error
 	d.mu.Lock()
 	d.publishing[rec.Path] = rec
 	d.mu.Unlock()
+	if how.spent != nil {
+		how.Spent = &how.spent.store
+	}
 	out, err := d.commit(ctx, rec, how)
 	metrics.PublishDuration.WithLabelValues(metrics.Outcome(err)).Observe(time.Since(start).Seconds())
 	d.mu.Lock()
