@@ -75,30 +75,19 @@ func BenchmarkClusterCost(b *testing.B) {
 		add(benchRow{name: "1 file (" + mode.name + "): consumer daemon heap bytes allocated", unit: "B", value: per(d.allocBytes[1])})
 		add(benchRow{name: "1 file (" + mode.name + "): producer FUSE requests", unit: "req", value: per(d.requests[0])})
 		add(benchRow{name: "1 file (" + mode.name + "): consumer FUSE requests", unit: "req", value: per(d.requests[1])})
-		if cl := d.closes; cl.Count > 0 {
-			// Where a waiting close's time goes (the producer's status).
-			mean := func(s float64) float64 { return 1e6 * s / float64(cl.Count) }
-			for _, st := range []struct {
-				what string
-				s    float64
-			}{
-				{"last-close check (/proc/<pid>/fd)", cl.CheckSeconds},
-				{"record (attributes, marks, bytes, checksum)", cl.RecordSeconds},
-				{"store commit", cl.CommitSeconds},
-				{"home and holders told", cl.TellSeconds},
-				{"the rest", cl.TotalSeconds - cl.CheckSeconds - cl.RecordSeconds - cl.CommitSeconds - cl.TellSeconds},
-				{"whole close (FLUSH handler)", cl.TotalSeconds},
-			} {
-				add(benchRow{name: "1 file (" + mode.name + "): waiting close, mean: " + st.what, unit: "us", value: mean(st.s)})
-			}
-		}
+		add(benchRow{name: "1 file (" + mode.name + "): messages between the daemons (notices, both ways)", unit: "msg", value: per(d.messages)})
+		closeRows(add, "1 file ("+mode.name+")", d.closes)
 		c.teardown()
 	}
 
 	// 16 writers on one node of two, closes that wait, against one.
 	c := newClusterWith(b, clusterOptions{nodes: 2, logLevel: "info", backingOnTmpfs: true})
+	before := c.nodes[0].status().DMD.Closes
 	one := c.writers(b, c.nodes[0], "one", 1, 1000)
 	add(benchRow{name: "1 writer on one node of two (closes that wait)", unit: "files/s", value: one})
+	// A lone writer, nobody reading: one waiting close with nothing else
+	// running.
+	closeRows(add, "1 writer", closesSince(c.nodes[0].status().DMD.Closes, before))
 	many := c.writers(b, c.nodes[0], "many", 16, 250)
 	add(benchRow{name: "16 writers on one node of two (closes that wait)", unit: "files/s", value: many, ratio: many / one, target: "≥ 5×"})
 	c.teardown()
@@ -112,19 +101,48 @@ func BenchmarkClusterCost(b *testing.B) {
 }
 
 // cost is what the cluster has spent so far.
+// closeRows adds the rows of where a waiting close's time went (the
+// producer's status, over the closes in cl).
+func closeRows(add func(benchRow), prefix string, cl dmd.CloseStats) {
+	if cl.Count == 0 {
+		return
+	}
+	mean := func(s float64) float64 { return 1e6 * s / float64(cl.Count) }
+	for _, st := range []struct {
+		what string
+		s    float64
+	}{
+		{"last-close check (/proc/<pid>/fd)", cl.CheckSeconds},
+		{"record (attributes, marks, bytes, checksum)", cl.RecordSeconds},
+		{"store commit", cl.CommitSeconds},
+		{"home and holders told", cl.TellSeconds},
+		{"the rest", cl.TotalSeconds - cl.CheckSeconds - cl.RecordSeconds - cl.CommitSeconds - cl.TellSeconds},
+		{"whole close (FLUSH handler)", cl.TotalSeconds},
+	} {
+		add(benchRow{name: prefix + ": waiting close, mean: " + st.what, unit: "us", value: mean(st.s)})
+	}
+}
+
+// closesSince is what the closes counted in now add to those in before.
+func closesSince(now, before dmd.CloseStats) dmd.CloseStats {
+	return dmd.CloseStats{Count: now.Count - before.Count,
+		CheckSeconds: now.CheckSeconds - before.CheckSeconds, RecordSeconds: now.RecordSeconds - before.RecordSeconds,
+		CommitSeconds: now.CommitSeconds - before.CommitSeconds, TellSeconds: now.TellSeconds - before.TellSeconds,
+		TotalSeconds: now.TotalSeconds - before.TotalSeconds}
+}
+
 type cost struct {
 	etcdCPU, txns, dbBytes float64
 	cpu, requests          [2]float64
 	allocs, allocBytes     [2]float64
 	closes                 dmd.CloseStats // the producer's
+	messages               float64        // notice messages both daemons sent
 }
 
 func (c cost) minus(o cost) cost {
 	d := cost{etcdCPU: c.etcdCPU - o.etcdCPU, txns: c.txns - o.txns, dbBytes: c.dbBytes - o.dbBytes}
-	d.closes = dmd.CloseStats{Count: c.closes.Count - o.closes.Count,
-		CheckSeconds: c.closes.CheckSeconds - o.closes.CheckSeconds, RecordSeconds: c.closes.RecordSeconds - o.closes.RecordSeconds,
-		CommitSeconds: c.closes.CommitSeconds - o.closes.CommitSeconds, TellSeconds: c.closes.TellSeconds - o.closes.TellSeconds,
-		TotalSeconds: c.closes.TotalSeconds - o.closes.TotalSeconds}
+	d.closes = closesSince(c.closes, o.closes)
+	d.messages = c.messages - o.messages
 	for i := range c.cpu {
 		d.cpu[i] = c.cpu[i] - o.cpu[i]
 		d.requests[i] = c.requests[i] - o.requests[i]
@@ -144,6 +162,9 @@ func (c *cluster) costNow(nodes ...*node) cost {
 		k.allocs[i], k.allocBytes[i] = float64(st.Heap.Allocs), float64(st.Heap.AllocBytes)
 		for _, op := range st.Ops {
 			k.requests[i] += float64(op.Count)
+		}
+		if nst := st.Locator.Notices; nst != nil {
+			k.messages += float64(nst.Sent)
 		}
 		if i == 0 {
 			k.closes = st.DMD.Closes

@@ -360,7 +360,11 @@ func (n *Protocol) homeOf(dir string) (hfl.Member, uint64, bool) {
 }
 
 // previousHome returns, if the home of dir joined less than handoff ago,
-// the home the others chose before it came.
+// the home the others chose before it came. A node first seen after the
+// home never was dir's home in any node's view (a view that holds it
+// holds the home, which registered before), so nothing is passed on to
+// it: the first node of a job, home of most directories at first, does
+// not send every change twice while the others join.
 func (n *Protocol) previousHome(dir string) (hfl.Member, bool) {
 	key := n.dirKey(dir)
 	n.mu.Lock()
@@ -369,7 +373,11 @@ func (n *Protocol) previousHome(dir string) (hfl.Member, bool) {
 	if !ok || time.Since(n.since[h.Node]) >= n.t.handoff {
 		return hfl.Member{}, false
 	}
-	return rendezvous(n.members, key, h.Node)
+	prev, ok := rendezvous(n.members, key, h.Node)
+	if !ok || n.since[prev.Node].After(n.since[h.Node]) {
+		return hfl.Member{}, false
+	}
+	return prev, true
 }
 
 // rendezvous returns the member that scores highest for key, skipping the
