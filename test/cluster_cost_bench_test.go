@@ -261,7 +261,7 @@ func ring(b *testing.B, nodes, files int) (float64, float64) {
 // from node n, over the same network as its daemon's: what a store
 // commit costs without dyadfs.
 // barePuts is how many puts barePutP50 makes.
-const barePuts = 1000
+const barePuts = 300
 
 func (c *cluster) barePutP50(b *testing.B, n *node) float64 {
 	b.Helper()

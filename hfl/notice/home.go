@@ -225,9 +225,14 @@ func (h *homeSide) published(ctx context.Context, from string, rec hfl.Record, p
 // them is bounded by holderSilence, and with sync the change waits for
 // both, not one after the other.
 func (h *homeSide) tellAndForward(ctx context.Context, p string, targets []target, msg notice, sync bool, fwd *notice, from string) {
-	if fwd == nil || !sync {
-		if fwd != nil {
-			h.forward(ctx, *fwd, from) // aside
+	var home hfl.Member
+	forward := false
+	if fwd != nil {
+		home, forward = h.forwardTo(p, from)
+	}
+	if !forward || !sync {
+		if forward {
+			h.forward(ctx, *fwd, p, home) // aside
 		}
 		h.tell(ctx, p, targets, msg, sync)
 		return
@@ -235,7 +240,7 @@ func (h *homeSide) tellAndForward(ctx context.Context, p string, targets []targe
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		h.forward(ctx, *fwd, from)
+		h.forward(ctx, *fwd, p, home)
 	}()
 	h.tell(ctx, p, targets, msg, sync)
 	<-done
@@ -285,42 +290,38 @@ func (h *homeSide) overtakenLocked(e *homeEntry, r *reply) {
 	}
 }
 
-// forward passes a change on to the other homes its holders may have
-// registered at while the members were changing: the home in this node's
-// view, if it is not this node (the sender's view is older), and the home
-// before it, if it joined a moment ago (the holders' views may be older).
-func (h *homeSide) forward(ctx context.Context, msg notice, from string) {
+// forwardTo returns the other home that the holders of p may have
+// registered at while the members were changing, to pass a change of p
+// made by from on to: the home in this node's view, if it is not this node
+// (the sender's view is older), or else the home before it, if it joined a
+// moment ago (the holders' views may be older). Mostly there is none.
+func (h *homeSide) forwardTo(p, from string) (hfl.Member, bool) {
 	n := h.n
-	var p string
-	if msg.Rec != nil {
-		p = msg.Rec.Path
-	} else {
-		p = msg.Path
-	}
 	dir, _ := hfl.SplitPath(p)
-	var to []hfl.Member
-	if cur, _, ok := n.homeOf(dir); ok && cur.Node != n.self.Node {
-		to = append(to, cur)
-	} else if prev, ok := n.previousHome(dir); ok && prev.Node != n.self.Node {
-		to = append(to, prev)
+	m, _, ok := n.homeOf(dir)
+	if !ok || m.Node == n.self.Node {
+		if m, ok = n.previousHome(dir); !ok || m.Node == n.self.Node {
+			return hfl.Member{}, false
+		}
 	}
-	for _, m := range to {
-		if m.Node == from {
-			continue
-		}
-		if msg.Sync {
-			// Bounded as a holder is: an other home that does not
-			// answer must not hold up the change (it is cut off, and
-			// the promises it made lapse with its membership).
-			sctx, cancel := context.WithTimeout(ctx, n.t.silence)
-			_, err := n.send(sctx, m, msg)
-			cancel()
-			if err != nil {
-				n.log.Info("change not passed on to the previous home", "to", m.Node, "path", p, "err", err)
-			}
-		} else {
-			n.sendAside(m, msg)
-		}
+	return m, m.Node != from
+}
+
+// forward passes the change msg of p on to the home m (see forwardTo).
+func (h *homeSide) forward(ctx context.Context, msg notice, p string, m hfl.Member) {
+	n := h.n
+	if !msg.Sync {
+		n.sendAside(m, msg)
+		return
+	}
+	// Bounded as a holder is: an other home that does not answer must not
+	// hold up the change (it is cut off, and the promises it made lapse
+	// with its membership).
+	sctx, cancel := context.WithTimeout(ctx, n.t.silence)
+	_, err := n.send(sctx, m, msg)
+	cancel()
+	if err != nil {
+		n.log.Info("change not passed on to the previous home", "to", m.Node, "path", p, "err", err)
 	}
 }
 
@@ -385,6 +386,10 @@ func (h *homeSide) tell(ctx context.Context, p string, targets []target, msg not
 		for _, t := range targets {
 			go h.tellOne(n.ctx, p, t, msg, false)
 		}
+		return
+	}
+	if len(targets) == 1 {
+		h.tellOne(ctx, p, targets[0], msg, true) // no goroutine to wait for
 		return
 	}
 	var wg sync.WaitGroup
