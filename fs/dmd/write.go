@@ -263,7 +263,9 @@ func (w *Writer) again(ctx context.Context, fd int, rel string, verdict bool) er
 		d.notHashed(rel, err)
 		return nil
 	}
-	return d.publish(ctx, rec, closePublish(verdict))
+	how := closePublish(verdict)
+	how.fd, how.haveFd = fd, true
+	return d.publish(ctx, rec, how)
 }
 
 // finish drops the handle and, when it was the last, finishes the file:
@@ -356,6 +358,7 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, how publishHow)
 		return &st, nil // unlinked while open: nothing to publish
 	}
 	var first error
+	how.fd, how.haveFd = fd, true
 	written := changed
 	for _, name := range names {
 		if !d.names(name, w.id) {
@@ -578,6 +581,10 @@ type publishHow struct {
 	verdict bool
 	// spent, if not nil, adds up where a waiting close's time went.
 	spent *closeSpent
+	// fd, with haveFd, is the published file's open descriptor, which
+	// its publish mark goes on through.
+	fd     int
+	haveFd bool
 }
 
 // closeSpent is where one waiting close's time went (see CloseStats).
@@ -640,7 +647,11 @@ func (d *DMD) publish(ctx context.Context, rec hfl.Record, how publishHow) error
 		return err
 	}
 	d.stats.publishes.Add(1)
-	d.markPublished(rec.Path, out.Generation)
+	markFd := -1
+	if how.haveFd {
+		markFd = how.fd
+	}
+	d.markPublished(rec.Path, out.Generation, markFd)
 	d.log.Debug("published", "path", rec.Path, "gen", out.Generation, "size", rec.Size, "writing", rec.Writing, "took", time.Since(start))
 	d.publishDone(rec.Path)
 	return nil
