@@ -160,26 +160,20 @@ func (l *Locator) HandleMessage(ctx context.Context, from string, msg []byte) ([
 func (l *Locator) Publish(ctx context.Context, rec Record, o PublishOptions) (Record, error) {
 	inline := rec.Inline
 	rec.Provisional, rec.Generation, rec.Inline, rec.Writing = false, 0, nil, o.Claim
-	spent := o.Spent
-	var start time.Time
-	var committed time.Duration
-	if spent != nil {
-		start = time.Now()
-	}
-	out, err := l.notices.Publish(ctx, rec, inline, o, func(ctx context.Context) (Record, error) {
-		if spent == nil {
-			return l.store.Publish(ctx, l.Slot(rec.Path), rec)
+	commit := func(ctx context.Context) (Record, error) { return l.store.Publish(ctx, l.Slot(rec.Path), rec) }
+	if spent := o.Spent; spent != nil {
+		// Timed only when asked: the untimed publish allocates nothing
+		// more. Added up: a publish that is tried again spends on each try.
+		start, before, untimed := time.Now(), spent.Commit, commit
+		commit = func(ctx context.Context) (Record, error) {
+			t := time.Now()
+			out, err := untimed(ctx)
+			spent.Commit += time.Since(t)
+			return out, err
 		}
-		t := time.Now()
-		out, err := l.store.Publish(ctx, l.Slot(rec.Path), rec)
-		committed = time.Since(t)
-		return out, err
-	})
-	if spent != nil {
-		// Added up: a publish that is tried again spends on each try.
-		spent.Commit += committed
-		spent.Tell += max(0, time.Since(start)-committed)
+		defer func() { spent.Tell += max(0, time.Since(start)-(spent.Commit-before)) }()
 	}
+	out, err := l.notices.Publish(ctx, rec, inline, o, commit)
 	if err != nil {
 		what := "publish"
 		if o.Claim {
