@@ -521,3 +521,56 @@ func TestClusterCutReader(t *testing.T) {
 		}
 	}
 }
+
+// linkThenUnlink writes files the way git writes its objects: each under
+// a temporary name, closed, linked to its real name, the temporary name
+// unlinked at once (while the kernel still sends the closed file's
+// release). argv: directory, count.
+const linkThenUnlink = `
+import os, sys
+d, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    tmp = os.path.join(d, "tmp_obj_%d" % i)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o444)
+    os.write(fd, b"blob %d\n" % i)
+    os.close(fd)
+    os.link(tmp, os.path.join(d, "obj_%d" % i))
+    os.unlink(tmp)
+`
+
+// TestClusterLinkThenUnlink: a name unlinked right after its file was
+// closed and linked elsewhere is gone on every node; no release of the
+// closed file publishes it again. (Such a name, left published, made
+// another node's git clone wait for an object file that no longer
+// exists.) Two writers on each node, so that the daemons take requests
+// out of order.
+func TestClusterLinkThenUnlink(t *testing.T) {
+	c := newCluster(t, 2)
+	const each = 250
+	var dirs []string
+	var chs []<-chan result
+	for _, n := range c.nodes {
+		for i := 0; i < 2; i++ {
+			dir := fmt.Sprintf("objects/%s-%d", n.name, i)
+			n.mustSh("mkdir -p " + dir)
+			dirs = append(dirs, dir)
+			argv := n.argv("python3", "-c", linkThenUnlink, filepath.Join(c.mnt, dir), fmt.Sprint(each))
+			ch, _ := startCmdFor(t, bound, "/", nil, argv[0], argv[1:]...)
+			chs = append(chs, ch)
+		}
+	}
+	for _, ch := range chs {
+		if r := <-ch; r.err != nil {
+			t.Fatalf("writing: %v", r)
+		}
+	}
+	for _, n := range c.nodes {
+		for _, dir := range dirs {
+			out := n.mustSh(fmt.Sprintf("ls %s | grep -c '^obj_' || true; ls %s | grep '^tmp_obj' || true", dir, dir))
+			if strings.TrimSpace(out) != fmt.Sprint(each) {
+				t.Fatalf("%s lists in %s, of %d objects and no temporary names:\n%s", n.name, dir, each, out)
+			}
+		}
+	}
+	c.nodes[1].mustSh(fmt.Sprintf("cat %s/obj_0 %s/obj_%d | grep -c blob | grep -qx 2", dirs[0], dirs[0], each-1))
+}

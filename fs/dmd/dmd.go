@@ -218,6 +218,10 @@ func stampOf(st *syscall.Stat_t) fileStamp {
 	return fileStamp{size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
 }
 
+// sameBytes reports whether s and o tell of the same bytes: what a write
+// changes, not what a link or a chmod does.
+func (s fileStamp) sameBytes(o fileStamp) bool { return s.size == o.size && s.mtime == o.mtime }
+
 // Parts are what a managed directory is built with: the backends cmd/dyadfs
 // chose, seen here only through their interfaces.
 type Parts struct {

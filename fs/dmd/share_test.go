@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -372,4 +373,92 @@ func TestUnchangedSeesRewriteInPlace(t *testing.T) {
 	if err := fx.d.Unchanged(sf2, info2); err != nil || info2.Checksum == info.Checksum {
 		t.Fatalf("the new version: %v, checksum %v (was %v)", err, info2.Checksum, info.Checksum)
 	}
+}
+
+// unlinkingStore, once armed, runs unlink before the next publish of a
+// path reaches the store: a writer's unlink that lands while its release
+// publishes.
+type unlinkingStore struct {
+	hfl.Store
+	path   string
+	unlink atomic.Pointer[func()]
+}
+
+func (s *unlinkingStore) Publish(ctx context.Context, key hfl.Slot, rec hfl.Record) (hfl.Record, error) {
+	if f := s.unlink.Load(); f != nil && rec.Path == s.path && s.unlink.CompareAndSwap(f, nil) {
+		(*f)()
+	}
+	return s.Store.Publish(ctx, key, rec)
+}
+
+// TestReleaseAfterLinkAndUnlink: git writes each object under a temporary
+// name, closes it, links it to its real name and unlinks the temporary
+// one, while the kernel sends the release of the closed file. The release
+// publishes nothing for a link (only for new bytes), and a release that
+// does publish takes it back if the name was unlinked meanwhile: no name
+// removed here stays in the namespace.
+func TestReleaseAfterLinkAndUnlink(t *testing.T) {
+	store := &unlinkingStore{path: "tmp_obj"}
+	fx := newFixtureOver(t, func(c *Config) { c.CloseWait = 5 * time.Second },
+		func(inner hfl.Store) hfl.Store { store.Store = inner; return store })
+	d := fx.d
+	notHeld := func(uint32) bool { return false }
+	const tid = 1
+	tmp, final := filepath.Join(fx.dir, "tmp_obj"), filepath.Join(fx.dir, "obj")
+
+	w, f := fx.create("tmp_obj")
+	f.WriteString("blob")
+	if err := w.Close(fx.ctx(), int(f.Fd()), "tmp_obj", tid, notHeld); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	first, err := fx.record("tmp_obj")
+	if err != nil {
+		t.Fatalf("not published at close: %v", err)
+	}
+	time.Sleep(10 * time.Millisecond) // a later ctime
+	if err := os.Link(tmp, final); err != nil {
+		t.Fatal(err)
+	}
+	d.Changed(fx.ctx(), "obj")
+	fx.end(w, f, "tmp_obj")
+	if rec, err := fx.record("tmp_obj"); err != nil || rec.Generation != first.Generation {
+		t.Fatalf("after a link, the release published the first name again: %+v, %v", rec, err)
+	}
+	os.Remove(tmp)
+	d.Removed(fx.ctx(), "tmp_obj", IDOf(statOf(t, final)), false)
+	if _, err := fx.record("tmp_obj"); !errors.Is(err, hfl.ErrNotFound) {
+		t.Fatalf("unlinked, still published: %v", err)
+	}
+
+	// New bytes after the close: the release publishes them, while the
+	// writer unlinks the name.
+	w, f = fx.create("tmp_obj")
+	f.WriteString("blob")
+	if err := w.Close(fx.ctx(), int(f.Fd()), "tmp_obj", tid, notHeld); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	f.WriteString(" and more")
+	unlink := func() {
+		var st syscall.Stat_t
+		syscall.Stat(tmp, &st)
+		os.Remove(tmp)
+		d.Removed(fx.ctx(), "tmp_obj", IDOf(&st), true)
+	}
+	store.unlink.Store(&unlink)
+	fx.end(w, f, "tmp_obj")
+	if store.unlink.Load() != nil {
+		t.Fatal("the release did not publish the new bytes")
+	}
+	if rec, err := fx.record("tmp_obj"); !errors.Is(err, hfl.ErrNotFound) {
+		t.Fatalf("a name unlinked while its release published it stays published: %+v, %v", rec, err)
+	}
+}
+
+func statOf(t *testing.T, p string) *syscall.Stat_t {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return &st
 }

@@ -249,8 +249,12 @@ func (w *Writer) again(ctx context.Context, fd int, rel string, verdict bool) er
 	if w.finishedAs == nil {
 		return nil // another writer finishes it
 	}
+	// Only the bytes count: a change of its ctime alone (a link, a
+	// chmod: each published by its own call) is no new version. A link
+	// then an unlink of the first name, as git does with every object,
+	// would publish the first name again while it is being removed.
 	var st syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err != nil || st.Nlink == 0 || stampOf(&st) == *w.finishedAs {
+	if err := syscall.Fstat(fd, &st); err != nil || st.Nlink == 0 || stampOf(&st).sameBytes(*w.finishedAs) {
 		return nil
 	}
 	*w.finishedAs = stampOf(&st)
@@ -265,7 +269,23 @@ func (w *Writer) again(ctx context.Context, fd int, rel string, verdict bool) er
 	}
 	how := closePublish(verdict)
 	how.fd, how.haveFd = fd, true
-	return d.publish(ctx, rec, how)
+	return d.publishName(ctx, rec, w.id, how)
+}
+
+// publishName publishes rec, the file id under its name rec.Path, and
+// takes the publish back if the name was unlinked or renamed over
+// meanwhile: a release runs alongside the writer's next calls, whose
+// unpublish may reach the store before this publish does, and a name
+// removed here must not stay published.
+func (d *DMD) publishName(ctx context.Context, rec hfl.Record, id FileID, how publishHow) error {
+	err := d.publish(ctx, rec, how)
+	if name := rec.Path; !d.names(name, id) {
+		d.withdraw(ctx, name)
+		if d.existsHere(name) {
+			d.Changed(ctx, name) // what took the name
+		}
+	}
+	return err
 }
 
 // finish drops the handle and, when it was the last, finishes the file:
@@ -378,17 +398,8 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, how publishHow)
 			written = false
 			// Without a verdict, a failed publish is only retried
 			// (publish logs it): the release has no one to tell.
-			if err := d.publish(ctx, rec, how); err != nil && verdict && first == nil {
+			if err := d.publishName(ctx, rec, w.id, how); err != nil && verdict && first == nil {
 				first = err
-			}
-			// Release is asynchronous: a rename may have taken the
-			// name while it was published, and the rename's
-			// unpublish may have come before this publish landed.
-			if !d.names(name, w.id) {
-				d.withdraw(ctx, name)
-				if d.existsHere(name) {
-					d.Changed(ctx, name) // what took the name
-				}
 			}
 		}
 	}
