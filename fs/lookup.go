@@ -12,6 +12,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/dyadfs/dyadfs/fs/caller"
+	"github.com/dyadfs/dyadfs/fs/dmd"
 )
 
 // intentStats counts how LOOKUPs of missing names were classified.
@@ -235,8 +236,11 @@ func (p *pendingFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, 
 // (fetching it if it is published elsewhere) and opens it for reading.
 func (fsys *FS) openWhenHere(ctx context.Context, rel string, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	var f *os.File
+	tid := callerTid(ctx)
+	// A caller that does not wait opens a name it saw: if that is gone
+	// meanwhile, the open fails as it would on a disk.
+	ctx = dmd.EndsIfMissing(ctx, func() bool { return !fsys.waits(tid, rel) })
 	for attempt := 0; ; attempt++ {
-		tid := callerTid(ctx)
 		_, ranged, err := fsys.dmd.WaitOpen(ctx, rel, tid, func() bool { return !caller.WholeFiles(tid) })
 		if err != nil {
 			return nil, 0, fsys.errno("open", rel, err)

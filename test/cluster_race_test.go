@@ -574,3 +574,29 @@ func TestClusterLinkThenUnlink(t *testing.T) {
 	}
 	c.nodes[1].mustSh(fmt.Sprintf("cat %s/obj_0 %s/obj_%d | grep -c blob | grep -qx 2", dirs[0], dirs[0], each-1))
 }
+
+// TestClusterNoWaitOpenOfRemovedFile: a reader that does not wait for
+// missing files (DYADFS_WAIT=0) opens a file that another node is
+// rewriting: it waits for the writer, as close-to-open asks; when the
+// writer removes the file instead, the open fails with ENOENT, as on one
+// disk, rather than wait for a publish the reader never asked to wait for.
+func TestClusterNoWaitOpenOfRemovedFile(t *testing.T) {
+	c := newCluster(t, 2)
+	a, b := c.nodes[0], c.nodes[1]
+	a.mustSh("echo v1 > f")
+	b.mustSh("test \"$(cat f)\" = v1")
+	writer := a.startSh("exec 3>f; echo v2 >&3; sleep 3; rm f; sleep 1")
+	time.Sleep(time.Second)
+	start := time.Now()
+	r := b.sh("DYADFS_WAIT=0 cat f")
+	took := time.Since(start)
+	if r.err == nil || !strings.Contains(r.stderr, "No such file") {
+		t.Fatalf("cat of a file removed while it was rewritten: %v after %v; want ENOENT", r, took)
+	}
+	if took < time.Second || took > 15*time.Second {
+		t.Fatalf("cat failed after %v; want it to wait for the writer (about 2 s), not longer", took)
+	}
+	if w := <-writer; w.err != nil {
+		t.Fatalf("writer: %v", w)
+	}
+}

@@ -462,3 +462,51 @@ func statOf(t *testing.T, p string) *syscall.Stat_t {
 	}
 	return &st
 }
+
+// TestWaitEndsIfMissing: the open of a name its caller saw, by a caller
+// that does not wait for missing files, fails with ENOENT once the
+// namespace has nothing there, at once or when the file it waits for (being
+// rewritten elsewhere) is removed; a caller that waits goes on waiting.
+func TestWaitEndsIfMissing(t *testing.T) {
+	fx := newFixture(t, nil)
+	noWait := dmdEndsIfMissing(fx.ctx(), true)
+	if _, err := fx.d.WaitPath(noWait, "gone", 0); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a path published nowhere, for a caller that does not wait: %v; want fs.ErrNotExist", err)
+	}
+	short, cancel := context.WithTimeout(dmdEndsIfMissing(fx.ctx(), false), 300*time.Millisecond)
+	defer cancel()
+	if _, err := fx.d.WaitPath(short, "gone", 0); errors.Is(err, fs.ErrNotExist) || err == nil {
+		t.Fatalf("a caller that waits: %v; want it to wait until its context ends", err)
+	}
+
+	slot := fx.d.loc.Slot("busy")
+	if _, err := fx.store.Publish(fx.ctx(), slot, hfl.Record{Path: "busy", Owner: "n2", Size: 1, Mode: 0o100644, Writing: true}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := fx.d.WaitPath(dmdEndsIfMissing(fx.ctx(), true), "busy", 0)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("a file being rewritten elsewhere was not waited for: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if _, err := fx.store.Remove(fx.ctx(), slot, hfl.RemoveCond{}); err != nil {
+		t.Fatal(err)
+	}
+	fx.d.loc.Forget("busy") // what the removal's notice does
+	select {
+	case err := <-done:
+		if !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("removed while waited for: %v; want fs.ErrNotExist", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("removed while waited for: still waiting")
+	}
+}
+
+func dmdEndsIfMissing(ctx context.Context, noWait bool) context.Context {
+	return EndsIfMissing(ctx, func() bool { return noWait })
+}

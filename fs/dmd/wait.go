@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"sync"
 	"syscall"
 	"time"
 
@@ -158,6 +160,7 @@ func (d *DMD) WaitPath(ctx context.Context, rel string, tid uint32) (string, err
 	// carrying the file's bytes.
 	var arrived hfl.Record
 	committedOnly := false
+	relooked := false
 	for looked := true; ; looked = false {
 		if !looked {
 			w.Rearm()
@@ -187,11 +190,24 @@ func (d *DMD) WaitPath(ctx context.Context, rel string, tid uint32) (string, err
 		if err != nil || p != "" {
 			return p, err
 		}
+		if after > 0 && !relooked && endsIfMissing(ctx) {
+			// The version found is not to be had (its owner no
+			// longer has it, say): one that does not wait for
+			// missing files looks once more, in case the path is
+			// gone, before it waits for the next version.
+			relooked = true
+			continue
+		}
 		var recheck time.Duration
 		if d.cfg.SharedStorage && after > 0 {
 			// Published, but this node's view of the shared directory
 			// does not show it yet (attribute caches): look again soon.
 			recheck = sharedRecheck
+		} else if endsIfMissing(ctx) {
+			// A removal tells a wait nothing it waits for (a newer
+			// version): one that ends if the path goes looks again
+			// now and then.
+			recheck = missingRecheck
 		}
 		if arrived, err = d.waitChange(ctx, w, after, recheck, !committedOnly); err != nil {
 			return "", err
@@ -210,6 +226,10 @@ func (d *DMD) pathIf(rel string, ok bool) string {
 // show yet is looked at again.
 const sharedRecheck = 100 * time.Millisecond
 
+// missingRecheck is how often a wait that ends if its path goes (see
+// EndsIfMissing) looks again.
+const missingRecheck = time.Second
+
 // storeRetry is how long a wait that the store failed waits before it
 // looks again.
 const storeRetry = 500 * time.Millisecond
@@ -217,6 +237,31 @@ const storeRetry = 500 * time.Millisecond
 // waitForKey carries, in a wait's context, the function that says what the
 // wait is waiting for now.
 type waitForKey struct{}
+
+// endsIfMissingKey marks the context of a wait (see EndsIfMissing).
+type endsIfMissingKey struct{}
+
+// EndsIfMissing returns ctx for the wait of an open of a name its caller
+// saw: if noWait says the caller does not wait for missing files
+// (DYADFS_WAIT=0, a producer), the wait ends with fs.ErrNotExist once the
+// namespace has nothing at the path (removed since the caller looked),
+// instead of waiting for a publish the caller never asked to wait for. A
+// file that is there but being rewritten is still waited for. noWait is
+// asked only then, at most once.
+func EndsIfMissing(ctx context.Context, noWait func() bool) context.Context {
+	var once sync.Once
+	var ends bool
+	return context.WithValue(ctx, endsIfMissingKey{}, func() bool {
+		once.Do(func() { ends = noWait() })
+		return ends
+	})
+}
+
+// endsIfMissing reports whether ctx's wait ends when its path is missing.
+func endsIfMissing(ctx context.Context) bool {
+	f, ok := ctx.Value(endsIfMissingKey{}).(func() bool)
+	return ok && f()
+}
 
 // clearForFetch reports whether a fetched file may be installed at rel:
 // nothing is there, or only what the namespace replaced (a copy of an
@@ -251,6 +296,9 @@ func (d *DMD) locateOnce(ctx context.Context, w *hfl.Watch, h here, takeAhead bo
 	rec, _, err := d.loc.LocateWaiting(ctx, w, takeAhead)
 	switch {
 	case errors.Is(err, hfl.ErrNotFound):
+		if endsIfMissing(ctx) {
+			return "", 0, hfl.Record{}, fmt.Errorf("%s is published nowhere: %w", rel, fs.ErrNotExist)
+		}
 		return "", 0, hfl.Record{}, nil
 	case err != nil:
 		if ctx.Err() != nil {
