@@ -210,26 +210,33 @@ func (p *pendingFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, 
 		return nil, 0, syscall.ENOENT
 	}
 	fsys, d := p.fsys, p.fsys.dmd
-	f, err := d.OriginFile(ctx, p.rel)
-	if err != nil {
-		return nil, 0, fsys.errno("open", p.rel, err)
-	}
-	if f != nil {
-		// Published nowhere: read from the origin, as the origin's
-		// modes allow the caller.
-		if errno := fsys.mayReadUnder(ctx, d.Config().Origin, p.rel, f); errno != 0 {
-			f.Close()
-			return nil, 0, errno
-		}
-		if !d.OriginPublishes() {
-			return fsys.newReadHandle(gofs.NewLoopbackFileFromOS(f), p.rel), fuse.FOPEN_NOFLUSH, 0
-		}
-		// Brought here and published: the open below finds it.
-		if err := d.BringFromOrigin(ctx, p.rel, f); err != nil {
+	for attempt := 0; ; attempt++ {
+		f, err := d.OriginFile(ctx, p.rel)
+		if err != nil {
 			return nil, 0, fsys.errno("open", p.rel, err)
 		}
+		if f != nil {
+			// Published nowhere: read from the origin, as the
+			// origin's modes allow the caller.
+			if errno := fsys.mayReadUnder(ctx, d.Config().Origin, p.rel, f); errno != 0 {
+				f.Close()
+				return nil, 0, errno
+			}
+			if !d.OriginPublishes() {
+				return fsys.newReadHandle(gofs.NewLoopbackFileFromOS(f), p.rel), fuse.FOPEN_NOFLUSH, 0
+			}
+			// Brought here and published: the open below finds it.
+			if err := d.BringFromOrigin(ctx, p.rel, f); err != nil {
+				return nil, 0, fsys.errno("open", p.rel, err)
+			}
+		}
+		fh, fuseFlags, errno := fsys.openWhenHere(ctx, p.rel, flags)
+		if errno != syscall.ENOENT || attempt > 0 || !d.InOrigin(p.rel) {
+			return fh, fuseFlags, errno
+		}
+		// A caller that does not wait found the publish it was to
+		// read withdrawn meanwhile: the origin's file, once more.
 	}
-	return fsys.openWhenHere(ctx, p.rel, flags)
 }
 
 // openWhenHere waits until rel is complete here in its current version

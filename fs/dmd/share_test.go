@@ -466,7 +466,8 @@ func statOf(t *testing.T, p string) *syscall.Stat_t {
 // TestWaitEndsIfMissing: the open of a name its caller saw, by a caller
 // that does not wait for missing files, fails with ENOENT once the
 // namespace has nothing there, at once or when the file it waits for (being
-// rewritten elsewhere) is removed; a caller that waits goes on waiting.
+// rewritten elsewhere) is removed; a caller that waits goes on waiting, and
+// both wait for a file being written here.
 func TestWaitEndsIfMissing(t *testing.T) {
 	fx := newFixture(t, nil)
 	noWait := dmdEndsIfMissing(fx.ctx(), true)
@@ -477,6 +478,24 @@ func TestWaitEndsIfMissing(t *testing.T) {
 	defer cancel()
 	if _, err := fx.d.WaitPath(short, "gone", 0); errors.Is(err, fs.ErrNotExist) || err == nil {
 		t.Fatalf("a caller that waits: %v; want it to wait until its context ends", err)
+	}
+
+	// A file being made here is waited for by everyone.
+	w, f := fx.create("new")
+	f.WriteString("made here")
+	made := make(chan error, 1)
+	go func() {
+		_, err := fx.d.WaitPath(dmdEndsIfMissing(fx.ctx(), true), "new", 0)
+		made <- err
+	}()
+	select {
+	case err := <-made:
+		t.Fatalf("a file being written here, for a caller that does not wait: %v; want it to wait for the writer", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	fx.end(w, f, "new")
+	if err := <-made; err != nil {
+		t.Fatalf("a file written here, once its writer closed it: %v", err)
 	}
 
 	slot := fx.d.loc.Slot("busy")

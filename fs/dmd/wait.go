@@ -296,7 +296,9 @@ func (d *DMD) locateOnce(ctx context.Context, w *hfl.Watch, h here, takeAhead bo
 	rec, _, err := d.loc.LocateWaiting(ctx, w, takeAhead)
 	switch {
 	case errors.Is(err, hfl.ErrNotFound):
-		if endsIfMissing(ctx) {
+		// A file being made here (h.present) is waited for by
+		// everyone: its writer publishes it at close.
+		if !h.present && endsIfMissing(ctx) {
 			return "", 0, hfl.Record{}, fmt.Errorf("%s is published nowhere: %w", rel, fs.ErrNotExist)
 		}
 		return "", 0, hfl.Record{}, nil
