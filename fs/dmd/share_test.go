@@ -483,16 +483,7 @@ func TestWaitEndsIfMissing(t *testing.T) {
 	// A file being made here is waited for by everyone.
 	w, f := fx.create("new")
 	f.WriteString("made here")
-	made := make(chan error, 1)
-	go func() {
-		_, err := fx.d.WaitPath(dmdEndsIfMissing(fx.ctx(), true), "new", 0)
-		made <- err
-	}()
-	select {
-	case err := <-made:
-		t.Fatalf("a file being written here, for a caller that does not wait: %v; want it to wait for the writer", err)
-	case <-time.After(300 * time.Millisecond):
-	}
+	made := waitingNoWait(t, fx, "new", "a file being written here, for a caller that does not wait")
 	fx.end(w, f, "new")
 	if err := <-made; err != nil {
 		t.Fatalf("a file written here, once its writer closed it: %v", err)
@@ -502,16 +493,7 @@ func TestWaitEndsIfMissing(t *testing.T) {
 	if _, err := fx.store.Publish(fx.ctx(), slot, hfl.Record{Path: "busy", Owner: "n2", Size: 1, Mode: 0o100644, Writing: true}); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() {
-		_, err := fx.d.WaitPath(dmdEndsIfMissing(fx.ctx(), true), "busy", 0)
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		t.Fatalf("a file being rewritten elsewhere was not waited for: %v", err)
-	case <-time.After(300 * time.Millisecond):
-	}
+	done := waitingNoWait(t, fx, "busy", "a file being rewritten elsewhere")
 	if _, err := fx.store.Remove(fx.ctx(), slot, hfl.RemoveCond{}); err != nil {
 		t.Fatal(err)
 	}
@@ -524,6 +506,24 @@ func TestWaitEndsIfMissing(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("removed while waited for: still waiting")
 	}
+}
+
+// waitingNoWait starts the wait of a caller that does not wait for rel,
+// checks that it still waits a moment later (what names rel in a failure),
+// and returns where its result comes.
+func waitingNoWait(t *testing.T, fx *fixture, rel, what string) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		_, err := fx.d.WaitPath(dmdEndsIfMissing(fx.ctx(), true), rel, 0)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("%s: %v; want it waited for", what, err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	return done
 }
 
 func dmdEndsIfMissing(ctx context.Context, noWait bool) context.Context {

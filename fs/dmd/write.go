@@ -267,17 +267,16 @@ func (w *Writer) again(ctx context.Context, fd int, rel string, verdict bool) er
 		d.notHashed(rel, err)
 		return nil
 	}
-	how := closePublish(verdict)
-	how.fd, how.haveFd = fd, true
-	return d.publishName(ctx, rec, w.id, how)
+	return d.publishName(ctx, rec, w.id, fd, closePublish(verdict))
 }
 
-// publishName publishes rec, the file id under its name rec.Path, and
-// takes the publish back if the name was unlinked or renamed over
-// meanwhile: a release runs alongside the writer's next calls, whose
+// publishName publishes rec, the file id open as fd under its name
+// rec.Path, and takes the publish back if the name was unlinked or renamed
+// over meanwhile: a release runs alongside the writer's next calls, whose
 // unpublish may reach the store before this publish does, and a name
 // removed here must not stay published.
-func (d *DMD) publishName(ctx context.Context, rec hfl.Record, id FileID, how publishHow) error {
+func (d *DMD) publishName(ctx context.Context, rec hfl.Record, id FileID, fd int, how publishHow) error {
+	how.fd, how.haveFd = fd, true
 	err := d.publish(ctx, rec, how)
 	if name := rec.Path; !d.names(name, id) {
 		d.withdraw(ctx, name)
@@ -378,7 +377,6 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, how publishHow)
 		return &st, nil // unlinked while open: nothing to publish
 	}
 	var first error
-	how.fd, how.haveFd = fd, true
 	written := changed
 	for _, name := range names {
 		if !d.names(name, w.id) {
@@ -398,7 +396,7 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, how publishHow)
 			written = false
 			// Without a verdict, a failed publish is only retried
 			// (publish logs it): the release has no one to tell.
-			if err := d.publishName(ctx, rec, w.id, how); err != nil && verdict && first == nil {
+			if err := d.publishName(ctx, rec, w.id, fd, how); err != nil && verdict && first == nil {
 				first = err
 			}
 		}
