@@ -61,3 +61,10 @@ func (fsys *FS) errno(op, rel string, err error) syscall.Errno {
 	fsys.log.Error(op+" failed", "path", rel, "err", err)
 	return syscall.EIO
 }
+
+// stale answers ESTALE to an open whose inode is not the name's current
+// file any more: the kernel looks the name up again and retries once.
+func (fsys *FS) stale(why, rel string) syscall.Errno {
+	fsys.log.Debug("open of an inode the name no longer names; the kernel looks it up again", "path", rel, "why", why)
+	return syscall.ESTALE
+}

@@ -24,6 +24,8 @@ type node struct {
 	// node when a name comes to mean another inode.
 	id   dmd.FileID
 	last lastName
+	// opened says an open of it returned a handle (see retarget).
+	opened atomic.Bool
 }
 
 // lastName is the path a node was last looked up, made or renamed by. A

@@ -36,7 +36,12 @@ func callerTid(ctx context.Context) uint32 {
 // backing file is opened, so that readers never see a truncated file. A
 // file that is not the namespace's current version any more (replaced
 // elsewhere since the kernel looked it up) is opened as the current one.
-func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuseFlags uint32, errno syscall.Errno) {
+	defer func() {
+		if errno == 0 {
+			n.opened.Store(true)
+		}
+	}()
 	fsys, d := n.fsys, n.fsys.dmd
 	if errno := fsys.fds.admit(ctx); errno != 0 {
 		return nil, 0, errno
@@ -55,7 +60,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		if d.Solo() {
 			return nil, 0, syscall.ENOENT
 		}
-		return nil, 0, syscall.ESTALE
+		return nil, 0, fsys.stale("name gone", rel)
 	}
 	id, regular, here := n.id, true, true
 	if !d.Solo() {
@@ -71,10 +76,12 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			defer fsys.forget(rel)
 			return fsys.reopen(ctx, rel, flags)
 		}
-		// Gone here, or opened to write: it looks up again (the
-		// kernel retries an open that gets ESTALE once), and finds
-		// what the namespace has now.
-		return nil, 0, syscall.ESTALE
+		// Gone here, or opened to write: a writer writes what the
+		// namespace has now (see writeCurrent).
+		if flags&writeFlags != 0 {
+			return fsys.writeCurrent(ctx, rel, flags, &n.opened, "backing replaced")
+		}
+		return nil, 0, fsys.stale("reader: backing gone", rel)
 	}
 	if regular && !d.CurrentHere(ctx, rel) {
 		defer fsys.forget(rel)
@@ -82,14 +89,8 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			return fsys.reopen(ctx, rel, flags)
 		}
 		// A writer writes the current version, which is another file
-		// than this inode's. While any handle of this inode is open,
-		// the kernel sends every write through it to the backing file
-		// its first open gave (with passthrough): the writer's bytes
-		// would land in the version set aside, and the new file be
-		// published empty. It looks the name up again (the kernel
-		// retries an open that gets ESTALE once) and opens the current
-		// version through an inode of its own (see retarget).
-		return nil, 0, syscall.ESTALE
+		// than this inode's (see writeCurrent).
+		return fsys.writeCurrent(ctx, rel, flags, &n.opened, "not current")
 	}
 	if flags&writeFlags == 0 {
 		if err := d.WaitComplete(ctx, id, rel, tid); err != nil {
@@ -117,12 +118,11 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	// close tells every node holding a copy (see writeHandle.Flush).
 	prev, published := d.PublishedAs(ctx, rel)
 	w := d.BeginWrite(id, tid, rel, false)
-	fh, errno := n.openHere(flags)
-	var fuseFlags uint32
+	fh, errno = n.openHere(flags)
 	if errno != 0 {
 		w.Abort()
 		if errno == syscall.ENOENT && !d.Solo() {
-			return nil, 0, syscall.ESTALE
+			return fsys.writeCurrent(ctx, rel, flags, &n.opened, "backing gone")
 		}
 		return nil, 0, errno
 	}
@@ -133,6 +133,26 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		fuseFlags |= fuse.FOPEN_NOFLUSH
 	}
 	return h, fuseFlags, 0
+}
+
+// writeCurrent opens for writing the current version of rel, for an open
+// through an inode of another version (why says how it differs). While any
+// handle of an inode is open, the kernel sends every write through it to
+// the backing file its first open gave (with passthrough): the writer's
+// bytes would land in the version set aside, and the new file be
+// published empty. So only an inode that retarget allows is given the
+// current version; otherwise ESTALE has the kernel look the name up again
+// (it retries once) and open the current version through an inode of its
+// own, as it does for a name removed meanwhile (and creates it if asked).
+func (fsys *FS) writeCurrent(ctx context.Context, rel string, flags uint32, opened *atomic.Bool, why string) (gofs.FileHandle, uint32, syscall.Errno) {
+	if !retarget(opened, flags) {
+		return nil, 0, fsys.stale(why, rel)
+	}
+	fh, fuseFlags, errno := fsys.openForWrite(ctx, rel, flags)
+	if errno == syscall.ENOENT {
+		return nil, 0, fsys.stale(why+", then removed", rel)
+	}
+	return fh, fuseFlags, errno
 }
 
 // reopen opens for reading what rel is now, for an open of an inode that
@@ -319,7 +339,7 @@ func (h *writeHandle) Flush(ctx context.Context) syscall.Errno {
 	}
 	if h.claims && !h.claimed.Load() && h.w.Changed(h.fd) {
 		h.claimed.Store(true)
-		if err := h.fsys.dmd.Claim(ctx, rel, h.prev, tid); err != nil {
+		if err := h.w.Claim(ctx, rel, h.prev, tid); err != nil {
 			// The new version is published at release (or at this
 			// close, which reports how that went), or retried.
 			h.fsys.log.Warn("cannot tell the job of a rewrite before close returned", "path", rel, "err", err)

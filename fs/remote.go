@@ -158,7 +158,7 @@ func (r *remoteNode) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle
 		// starts again from the name, as an open a moment later would;
 		// a writer has the kernel look the name up again.
 		if flags&writeFlags != 0 {
-			return nil, 0, syscall.ESTALE
+			return nil, 0, fsys.stale("name gone", rel)
 		}
 		return fsys.reopen(ctx, rel, flags)
 	}
@@ -168,7 +168,7 @@ func (r *remoteNode) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle
 			// Another version since the kernel looked it up: it looks
 			// up again (the kernel retries an open that gets ESTALE
 			// once); see retarget.
-			return nil, 0, syscall.ESTALE
+			return nil, 0, fsys.stale("newer version elsewhere", rel)
 		}
 		// A reader reads the newest version (close-to-open allows a
 		// newer one); the kernel refreshes the inode's attributes. An
@@ -322,8 +322,8 @@ func (fsys *FS) copyTimes(rel string, a *fuse.Attr) {
 }
 
 // retarget reports whether an open for writing with flags may open the
-// current version of a file published elsewhere through the inode of
-// another version (opened: that inode's): only a truncating open, which
+// current version of a file through the inode of another version (opened:
+// that inode's): only a truncating open, which
 // needs nothing of that version and whose size the kernel sets to 0, and
 // only through an inode never opened, to which the kernel ties no backing
 // file yet (it passes every open of an inode through to the backing file

@@ -63,7 +63,11 @@ func (d *DMD) remove(ctx context.Context, rel string) {
 // withdraw removes this node's own record of rel (a record another node
 // published since stays), retried if the store refuses it now.
 func (d *DMD) withdraw(ctx context.Context, rel string) {
-	cond := hfl.RemoveCond{Owner: d.cfg.Node}
+	d.withdrawIf(ctx, rel, hfl.RemoveCond{Owner: d.cfg.Node})
+}
+
+// withdrawIf is withdraw of a record that matches cond.
+func (d *DMD) withdrawIf(ctx context.Context, rel string, cond hfl.RemoveCond) {
 	err := d.loc.Unpublish(ctx, rel, cond, false)
 	switch {
 	case errors.Is(err, hfl.ErrConflict):

@@ -146,7 +146,12 @@ func (d *DMD) writeHere(rel string, flags int, tid uint32, rec hfl.Record) (*Wri
 // every node that held a copy drops it before Claim returns. Opens that
 // start afterwards anywhere wait for this node's publish of the new
 // version (close-to-open).
-func (d *DMD) Claim(ctx context.Context, rel string, prev hfl.Record, tid uint32) error {
+//
+// The claim is the writer's to end: its last handle publishes the new
+// version, or takes the claim back (see Writer.finish). A claim left in
+// the store would keep every reader of rel waiting.
+func (w *Writer) Claim(ctx context.Context, rel string, prev hfl.Record, tid uint32) error {
+	d := w.d
 	if d.solo() {
 		return nil
 	}
@@ -163,10 +168,17 @@ func (d *DMD) Claim(ctx context.Context, rel string, prev hfl.Record, tid uint32
 	}
 	claim := prev
 	claim.Path, claim.Owner, claim.Target = rel, d.cfg.Node, ""
-	if _, err := d.loc.Publish(ctx, claim, hfl.PublishOptions{Tell: hfl.TellSure, Claim: true}); err != nil {
+	out, err := d.loc.Publish(ctx, claim, hfl.PublishOptions{Tell: hfl.TellSure, Claim: true})
+	if err != nil {
 		d.stats.claimErrors.Add(1)
 		return err
 	}
+	d.mu.Lock()
+	if w.ws.claims == nil {
+		w.ws.claims = make(map[string]uint64, 1)
+	}
+	w.ws.claims[rel] = max(w.ws.claims[rel], out.Generation)
+	d.mu.Unlock()
 	d.stats.claims.Add(1)
 	return nil
 }

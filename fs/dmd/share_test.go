@@ -529,3 +529,59 @@ func waitingNoWait(t *testing.T, fx *fixture, rel, what string) <-chan error {
 func dmdEndsIfMissing(ctx context.Context, noWait bool) context.Context {
 	return EndsIfMissing(ctx, func() bool { return noWait })
 }
+
+// TestReplacedFileKeptWhileWriterOpens: this node's file, replaced
+// elsewhere, is not removed by a look at it while a writer here opens its
+// name: that open may have truncated this very file and not be registered
+// yet, and its bytes would be lost and its claim never published.
+func TestReplacedFileKeptWhileWriterOpens(t *testing.T) {
+	fx := newFixture(t, nil)
+	fx.write("v", "mine")
+	if _, err := fx.store.Publish(fx.ctx(), fx.d.loc.Slot("v"), hfl.Record{Path: "v", Owner: "n2", Size: 6, Mode: 0o100644}); err != nil {
+		t.Fatal(err)
+	}
+	fx.d.loc.Forget("v") // what the notice of n2's publish does
+	fx.d.BeginCreate("v")
+	fx.d.CurrentHere(fx.ctx(), "v") // a lookup on another thread
+	_, err := os.Stat(filepath.Join(fx.dir, "v"))
+	fx.d.EndCreate("v")
+	if err != nil {
+		t.Fatalf("removed while a writer opened its name: %v", err)
+	}
+	if fx.d.CurrentHere(fx.ctx(), "v") {
+		t.Fatal("a file replaced elsewhere is shown as current")
+	}
+}
+
+// TestClaimIsPublishedOrTakenBack: a rewrite claimed at close (every node
+// told that a new version comes) is always ended by the writer's last
+// handle: its publish, even of the bytes as they were, or, if the file
+// went meanwhile, the claim taken back. A claim left in the store keeps
+// every reader of the name waiting.
+func TestClaimIsPublishedOrTakenBack(t *testing.T) {
+	fx := newFixture(t, nil)
+	first := fx.written("same", "as it was")
+	w, f := fx.openWrite("same", os.O_WRONLY)
+	if err := w.Claim(fx.ctx(), "same", first, 1); err != nil {
+		t.Fatal(err)
+	}
+	fx.end(w, f, "same")
+	if rec, err := fx.record("same"); err != nil || rec.Writing || rec.Generation <= first.Generation {
+		t.Fatalf("claimed, closed unchanged: %+v, %v; want a new version published", rec, err)
+	}
+
+	prev := fx.written("went", "v1")
+	w, f = fx.openWrite("went", os.O_WRONLY|os.O_TRUNC)
+	f.WriteString("v2")
+	if err := w.Claim(fx.ctx(), "went", prev, 1); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := fx.record("went"); !rec.Writing {
+		t.Fatalf("not claimed: %+v", rec)
+	}
+	os.Remove(filepath.Join(fx.dir, "went")) // gone from under its writer
+	fx.end(w, f, "went")
+	if rec, err := fx.record("went"); !errors.Is(err, hfl.ErrNotFound) {
+		t.Fatalf("a claim whose file went: %+v, %v; want it taken back", rec, err)
+	}
+}

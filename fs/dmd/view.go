@@ -372,7 +372,9 @@ func (d *DMD) removeBeneathLocked(rel string, dir bool, want *syscall.Stat_t) bo
 		flags = unix.AT_REMOVEDIR
 	}
 	d.mu.Lock()
-	if d.busy[FileID{Dev: uint64(st.Dev), Ino: st.Ino}] != nil {
+	if d.busy[FileID{Dev: uint64(st.Dev), Ino: st.Ino}] != nil || (flags == 0 && d.creating[rel] > 0) {
+		// Written here, or a writer is opening the name now (its file
+		// may be this one, truncated and not registered yet).
 		d.mu.Unlock()
 		return false
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -34,6 +35,10 @@ type writeState struct {
 	ending     bool // the last writer is finishing it
 	finished   bool
 	done       chan struct{} // closed when finished
+	// claims are the names its writers claimed (see Writer.Claim), by
+	// the claim's generation: its finish publishes them or takes them
+	// back.
+	claims map[string]uint64
 }
 
 func newWriteState() *writeState {
@@ -314,7 +319,9 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, how publishHow)
 		return nil, err
 	}
 	d.mu.Lock()
-	changed := ws.dirty || ws.incomplete || !ws.haveBefore || stampOf(&st) != ws.before
+	// A claimed file is published even if its bytes are as they were:
+	// the claim told every node that a new version comes.
+	changed := ws.dirty || ws.incomplete || !ws.haveBefore || stampOf(&st) != ws.before || len(ws.claims) > 0
 	made := ws.made
 	d.mu.Unlock()
 	if changed && d.cfg.FsyncOnPublish && st.Nlink > 0 {
@@ -368,16 +375,19 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, how publishHow)
 		}
 	}
 	d.finishLocked(w.id, ws)
+	claims := ws.claims
 	d.mu.Unlock()
 	if changed {
 		defer d.released(names...)
 	}
 
 	if st.Nlink == 0 {
-		return &st, nil // unlinked while open: nothing to publish
+		d.endClaims(ctx, claims, nil) // unlinked while open: nothing to publish
+		return &st, nil
 	}
 	var first error
 	written := changed
+	var publishing []string // claimed names whose publish is under way
 	for _, name := range names {
 		if !d.names(name, w.id) {
 			continue
@@ -388,7 +398,13 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, how publishHow)
 			rec, err := d.fileRecord(name, fd, &st, inline, written)
 			if err != nil {
 				d.notHashed(name, err)
+				if _, ok := claims[name]; ok && !errors.Is(err, errGone) {
+					publishing = append(publishing, name) // by its writer, or retried
+				}
 				continue
+			}
+			if _, ok := claims[name]; ok {
+				publishing = append(publishing, name)
 			}
 			if written && how.spent != nil {
 				how.spent.record = time.Since(start)
@@ -401,7 +417,21 @@ func (w *Writer) finish(ctx context.Context, fd int, rel string, how publishHow)
 			}
 		}
 	}
+	d.endClaims(ctx, claims, publishing)
 	return &st, first
+}
+
+// endClaims takes back the claims of a finished file (name: the claim's
+// generation) that its finish does not publish (the names in publishing
+// are published, or will be): the file went, or its name is another
+// file's now. Only the claim itself goes, not a newer record.
+func (d *DMD) endClaims(ctx context.Context, claims map[string]uint64, publishing []string) {
+	for name, gen := range claims {
+		if !slices.Contains(publishing, name) {
+			d.log.Debug("a rewrite claimed is not published; the claim is taken back", "path", name, "gen", gen)
+			d.withdrawIf(ctx, name, hfl.RemoveCond{Owner: d.cfg.Node, MaxGeneration: gen})
+		}
+	}
 }
 
 // releaseLocked notes that this node is publishing a version of name it
