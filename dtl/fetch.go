@@ -553,8 +553,11 @@ func (f *Fetcher) install(rec Version, fill func(dst *Sink) (FileInfo, error)) (
 	if err := syscall.Fchmod(int(tmp.Fd()), info.Mode&0o1777); err != nil {
 		return err
 	}
-	if err := os.Chtimes(tmp.Name(), time.Time{}, time.Unix(0, info.MtimeNs)); err != nil {
-		return err
+	// futimens: by the descriptor, no path to resolve. The access time
+	// stays what the copy's was.
+	ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, unix.NsecToTimespec(info.MtimeNs)}
+	if err := unix.UtimesNanoAt(int(tmp.Fd()), "", ts, unix.AT_EMPTY_PATH); err != nil {
+		return fmt.Errorf("set the modification time of %s: %w", tmp.Name(), err)
 	}
 	got := rec
 	got.Info, got.Inline = info, nil

@@ -80,7 +80,21 @@ func TestClusterOrigin(t *testing.T) {
 	if st := a.status().DMD; st.OriginReads != files || st.OriginPublished != files {
 		t.Fatalf("the first node read %d files from the origin and published %d, want %d", st.OriginReads, st.OriginPublished, files)
 	}
+	// A file brought from the origin keeps the origin's modification
+	// time, here and on the node that fetched it (make and rsync compare
+	// it).
+	var ost syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(pfs, "train/s000.bin"), &ost); err != nil {
+		t.Fatal(err)
+	}
+	mtime := fmt.Sprintf("%d.%09d\n", ost.Mtim.Sec, ost.Mtim.Nsec)
+	if got := a.mustSh("stat -c %.9Y train/s000.bin"); got != mtime {
+		t.Fatalf("a file brought from the origin has mtime %q, the origin's is %q", got, mtime)
+	}
 	readAll(b)
+	if got := b.mustSh("stat -c %.9Y train/s000.bin"); got != mtime {
+		t.Fatalf("a file brought from the origin, fetched by another node, has mtime %q, the origin's is %q", got, mtime)
+	}
 	st := b.status()
 	if st.DMD.OriginReads != 0 {
 		t.Fatalf("the second node read %d files from the origin, want none: the first published them", st.DMD.OriginReads)

@@ -139,7 +139,7 @@ func (d *DMD) BringFromOrigin(ctx context.Context, rel string, f *os.File) error
 		unix.Fchown(tfd, int(st.Uid), int(st.Gid))
 	}
 	ts := []unix.Timespec{unix.NsecToTimespec(st.Atim.Nano()), unix.NsecToTimespec(st.Mtim.Nano())}
-	unix.UtimesNanoAt(tfd, "", ts, 0)
+	unix.UtimesNanoAt(tfd, "", ts, unix.AT_EMPTY_PATH) // futimens
 	// On disk before it has a name: after a crash, a file here is whole
 	// (the scan publishes what it finds).
 	if err := tmp.Sync(); err != nil {

@@ -544,7 +544,7 @@ func (d *DMD) ShadowDir(ctx context.Context, rel string, rec hfl.Record) error {
 	}
 	unix.Fchmod(fd, rec.Mode&0o7777) // the daemon's umask does not apply
 	ts := []unix.Timespec{unix.NsecToTimespec(rec.MtimeNs), unix.NsecToTimespec(rec.MtimeNs)}
-	unix.UtimesNanoAt(fd, "", ts, 0)
+	unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH) // futimens
 	if d.markers {
 		unix.Fsetxattr(fd, replicaXattr, []byte(rec.Owner+"@"+fmt.Sprint(rec.Generation)), 0)
 	}
