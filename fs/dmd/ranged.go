@@ -15,7 +15,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
@@ -927,7 +926,8 @@ func (f *RangedFile) install() {
 		var fd int
 		fd, err = unix.Open(d.rangedDir(), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err == nil {
-			os.Chtimes(f.data.Name(), time.Time{}, time.Unix(0, f.meta.MtimeNs))
+			ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, unix.NsecToTimespec(f.meta.MtimeNs)}
+			unix.UtimesNanoAt(int(f.data.Fd()), "", ts, unix.AT_EMPTY_PATH) // futimens
 			err = d.installFrom(fd, f.data, versionOf(f.rec))
 			unix.Close(fd)
 		}
