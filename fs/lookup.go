@@ -49,13 +49,21 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	var call caller.Call
 	callErr := errNotRead
 	if !d.Solo() {
-		call, callErr = caller.ReadCall(callerTid(ctx))
-		creating := callErr == nil && call.Open && call.Flags&syscall.O_CREAT != 0
-		rec, ok, err := d.Entry(ctx, rel, creating)
-		if err != nil {
-			// Creates must not fail because the namespace cannot be
-			// asked: the name is taken for missing.
-			fsys.log.Warn("cannot look a name up in the namespace; taken for missing", "path", rel, "err", err)
+		// A name known to be published elsewhere needs neither a
+		// question nor the caller's syscall (reading it from /proc is
+		// most of such a lookup's cost): only a missing name's answer
+		// depends on what the caller does.
+		rec, ok := d.KnownEntry(rel)
+		if !ok {
+			call, callErr = caller.ReadCall(callerTid(ctx))
+			creating := callErr == nil && call.Open && call.Flags&syscall.O_CREAT != 0
+			var err error
+			rec, ok, err = d.Entry(ctx, rel, creating)
+			if err != nil {
+				// Creates must not fail because the namespace cannot
+				// be asked: the name is taken for missing.
+				fsys.log.Warn("cannot look a name up in the namespace; taken for missing", "path", rel, "err", err)
+			}
 		}
 		if ok {
 			if rec.IsDir() {

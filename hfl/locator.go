@@ -252,6 +252,17 @@ func (l *Locator) State(ctx context.Context, path string) (State, error) {
 	return st, err
 }
 
+// Known returns the record at path when this node knows, without asking
+// anyone, that the namespace has one (see State).
+func (l *Locator) Known(path string) (Record, bool) {
+	st, ok := l.notices.Known(path)
+	if !ok || !st.Exists {
+		return Record{}, false
+	}
+	l.count(st.Level, true)
+	return st.Rec, true
+}
+
 // count counts an answer at level lv: a record found there is a hit, a
 // path found missing a miss.
 func (l *Locator) count(lv Level, found bool) {

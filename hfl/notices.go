@@ -31,6 +31,9 @@ type Notices interface {
 	// State returns what the job's namespace has at path (see
 	// Locator.State).
 	State(ctx context.Context, path string) (State, error)
+	// Known is State when this node knows path's state without asking
+	// anyone (under a promise, or cached alone); ok is false otherwise.
+	Known(path string) (st State, ok bool)
 	// LocateWaiting, Await, Hold and HoldListing: see the locator's
 	// methods of these names.
 	LocateWaiting(ctx context.Context, w *Watch, ahead bool) (Record, Level, error)
@@ -165,6 +168,13 @@ func (s *singleNode) State(ctx context.Context, path string) (State, error) {
 	return State{Rec: rec, Exists: true, Gen: rec.Generation, Level: LevelGlobal}, nil
 }
 
+func (s *singleNode) Known(path string) (State, bool) {
+	if rec, ok := s.cache.get(path); ok {
+		return State{Rec: rec, Exists: true, Gen: rec.Generation, Level: LevelCache}, true
+	}
+	return State{}, false
+}
+
 func (s *singleNode) LocateWaiting(ctx context.Context, w *Watch, _ bool) (Record, Level, error) {
 	st, err := s.State(ctx, w.path)
 	if err == nil && !st.Exists {
@@ -224,6 +234,8 @@ type NoticeStats struct {
 	// changes this node was told of as a holder.
 	Breaks uint64 `json:"breaks_sent"`
 	Broken uint64 `json:"breaks_received"`
+	// Asked counts the questions this node sent to another node's home.
+	Asked uint64 `json:"questions_asked"`
 	// Holders and Promises: what this node keeps as a home, and holds.
 	Holders    int    `json:"holders"`
 	Promises   int    `json:"promises"`

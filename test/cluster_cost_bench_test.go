@@ -76,6 +76,7 @@ func BenchmarkClusterCost(b *testing.B) {
 		add(benchRow{name: "1 file (" + mode.name + "): producer FUSE requests", unit: "req", value: per(d.requests[0])})
 		add(benchRow{name: "1 file (" + mode.name + "): consumer FUSE requests", unit: "req", value: per(d.requests[1])})
 		add(benchRow{name: "1 file (" + mode.name + "): messages between the daemons (notices, both ways)", unit: "msg", value: per(d.messages)})
+		add(benchRow{name: "1 file (" + mode.name + "): questions the consumer asked of a home", unit: "msg", value: per(d.asked)})
 		closeRows(add, "1 file ("+mode.name+")", d.closes)
 		c.teardown()
 	}
@@ -137,12 +138,14 @@ type cost struct {
 	allocs, allocBytes     [2]float64
 	closes                 dmd.CloseStats // the producer's
 	messages               float64        // notice messages both daemons sent
+	asked                  float64        // questions the consumer sent to the producer's home
 }
 
 func (c cost) minus(o cost) cost {
 	d := cost{etcdCPU: c.etcdCPU - o.etcdCPU, txns: c.txns - o.txns, dbBytes: c.dbBytes - o.dbBytes}
 	d.closes = closesSince(c.closes, o.closes)
 	d.messages = c.messages - o.messages
+	d.asked = c.asked - o.asked
 	for i := range c.cpu {
 		d.cpu[i] = c.cpu[i] - o.cpu[i]
 		d.requests[i] = c.requests[i] - o.requests[i]
@@ -165,6 +168,9 @@ func (c *cluster) costNow(nodes ...*node) cost {
 		}
 		if nst := st.Locator.Notices; nst != nil {
 			k.messages += float64(nst.Sent)
+			if i == 1 {
+				k.asked = float64(nst.Asked)
+			}
 		}
 		if i == 0 {
 			k.closes = st.DMD.Closes

@@ -314,6 +314,10 @@ func (n *node) mountArgs() []string {
 		args = append(args, "--secret-file", n.c.secret)
 	}
 	args = append(args, n.c.wire.flags...)
+	if dir := os.Getenv("DYADFS_TEST_CPU_PROFILES"); dir != "" {
+		// For developers: each daemon's CPU profile, until it unmounts.
+		args = append(args, "--cpu-profile", filepath.Join(dir, fmt.Sprintf("%s-%s-%d.prof", n.c.namespace, n.name, time.Now().UnixNano())))
+	}
 	return append(append(args, n.flags...), n.c.mnt)
 }
 

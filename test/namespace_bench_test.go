@@ -54,10 +54,17 @@ func namespaceBench(b testing.TB, a, n *node) []benchRow {
 	// once on the consumer, which never saw the directory.
 	producerLs := lsTime(b, a, "big", big)
 	consumerLs := lsTime(b, n, "big", big)
+	// Then every entry stat'ed once (find, as make or rsync would), the
+	// listing known: the consumer answers from what it was promised.
+	producerFind := findTime(b, a, "big")
+	consumerFind := findTime(b, n, "big")
 	rows = append(rows,
 		benchRow{name: "readdir of 10,000 entries on their producer", unit: "ms", value: producerLs},
 		benchRow{name: "readdir of 10,000 entries produced elsewhere", unit: "ms", value: consumerLs,
 			ratio: consumerLs / producerLs, target: "≤ 3x producer"},
+		benchRow{name: "stat of the 10,000 entries listed (find), on their producer", unit: "ms", value: producerFind},
+		benchRow{name: "stat of the 10,000 entries listed (find), produced elsewhere", unit: "ms", value: consumerFind,
+			ratio: consumerFind / producerFind},
 	)
 
 	rw := rewriteBench(b, a, n, 200)
@@ -104,6 +111,15 @@ func lsTime(b testing.TB, n *node, dir string, want int) float64 {
 	}
 	ms, _ := strconv.ParseFloat(f[0], 64)
 	return ms
+}
+
+// findTime is how long find takes in node n to stat every entry of dir (a
+// file newer than its directory: none), in ms, process starts included.
+func findTime(b testing.TB, n *node, dir string) float64 {
+	b.Helper()
+	start := time.Now()
+	n.mustSh("find " + dir + " -type f -newer " + dir + " > /dev/null")
+	return float64(time.Since(start).Microseconds()) / 1000
 }
 
 // rewriteBench has writer rewrite one file count times; after each close,

@@ -162,6 +162,7 @@ func printStatus(out io.Writer, st *fs.Status) {
 		row("  messages sent / notices received", fmt.Sprintf("%d / %d (failed %d)", n.Sent, n.Received, n.Failed))
 		row("  notices sent together with others", n.Batched)
 		row("  changes passed on / told here", fmt.Sprintf("%d / %d", n.Breaks, n.Broken))
+		row("  questions asked of another node's home", n.Asked)
 		row("  promises kept as home / held", fmt.Sprintf("%d / %d", n.Holders, n.Promises))
 		row("  waits woken by a notice", n.WokenBy)
 		row("  waits that also watched the store", n.StoreWaits)

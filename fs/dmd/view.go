@@ -207,6 +207,15 @@ func (d *DMD) Entry(ctx context.Context, rel string, creating bool) (hfl.Record,
 	return rec, true, nil
 }
 
+// KnownEntry is Entry when this node knows, without asking anyone, that
+// the namespace has rel: ok is false when Entry would have to ask.
+func (d *DMD) KnownEntry(rel string) (rec hfl.Record, ok bool) {
+	if d.solo() {
+		return hfl.Record{}, false
+	}
+	return d.loc.Known(rel)
+}
+
 // List returns up to limit entries of the namespace's directory rel ("" for
 // the top) after after, in name order (fewer than limit: the end). On a
 // node alone, it returns none: the backing directory has everything.

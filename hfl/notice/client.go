@@ -71,8 +71,8 @@ func (n *Protocol) Forget(path string) { n.holder.forget(path) }
 // CarriesBytes: small files' bytes travel with notices.
 func (n *Protocol) CarriesBytes() bool { return true }
 
-// known returns what this node knows of path under a promise.
-func (n *Protocol) known(path string) (hfl.State, bool) {
+// Known returns what this node knows of path under a promise.
+func (n *Protocol) Known(path string) (hfl.State, bool) {
 	rec, exists, gen, ok := n.holder.lookup(path)
 	if !ok {
 		return hfl.State{}, false
@@ -87,7 +87,7 @@ func (n *Protocol) known(path string) (hfl.State, bool) {
 // knows, else what the store holds (the home registers this node before,
 // so that a change after the store's answer is told to it).
 func (n *Protocol) State(ctx context.Context, path string) (hfl.State, error) {
-	if st, ok := n.known(path); ok {
+	if st, ok := n.Known(path); ok {
 		return st, nil
 	}
 	dir, _ := hfl.SplitPath(path)
@@ -95,7 +95,7 @@ func (n *Protocol) State(ctx context.Context, path string) (hfl.State, error) {
 	if n.holder.wantListing(dir, now) {
 		// Paths keep missing here: the listing answers the next ones.
 		if _, ok, _ := n.readListing(ctx, dir); ok {
-			if st, ok := n.known(path); ok {
+			if st, ok := n.Known(path); ok {
 				return st, nil
 			}
 		}
@@ -171,7 +171,7 @@ func (n *Protocol) HoldListing(ctx context.Context, dir string) {
 // hfl.Locator.LocateWaiting).
 func (n *Protocol) LocateWaiting(ctx context.Context, w *hfl.Watch, ahead bool) (hfl.Record, hfl.Level, error) {
 	path := w.Path()
-	if st, ok := n.known(path); ok {
+	if st, ok := n.Known(path); ok {
 		if st.Exists {
 			return st.Rec, hfl.LevelCache, nil
 		}
@@ -337,6 +337,7 @@ func (n *Protocol) ask(ctx context.Context, p string, after uint64, withAhead bo
 	if home.Node == n.self.Node {
 		r = n.home.ask(n.self.Node, p, after, withAhead)
 	} else {
+		n.asked.Add(1)
 		b, err := n.send(ctx, home, notice{Kind: kindAsk, Path: p, After: after, Ahead: withAhead})
 		if err == nil {
 			r, err = decodeReply(b)

@@ -191,7 +191,7 @@ type Protocol struct {
 	outMu    sync.Mutex
 	outboxes map[outboxKey]*outbox
 
-	sent, received, failed, breaks, broken, woken, storeWaits, homeWaits, silent, revoked, batched atomic.Uint64
+	sent, received, failed, breaks, broken, asked, woken, storeWaits, homeWaits, silent, revoked, batched atomic.Uint64
 }
 
 // Over returns the notices of a node that exchanges them with the other
@@ -576,7 +576,7 @@ func (n *Protocol) stats() hfl.NoticeStats {
 	members := len(n.members)
 	n.mu.Unlock()
 	return hfl.NoticeStats{Members: members, Sent: n.sent.Load(), Received: n.received.Load(), Failed: n.failed.Load(),
-		Breaks: n.breaks.Load(), Broken: n.broken.Load(), Holders: n.home.holders(), Promises: n.holder.promises(),
+		Breaks: n.breaks.Load(), Broken: n.broken.Load(), Asked: n.asked.Load(), Holders: n.home.holders(), Promises: n.holder.promises(),
 		WokenBy: n.woken.Load(), StoreWaits: n.storeWaits.Load(), HomeWaits: n.homeWaits.Load(),
 		SilentHolders: n.silent.Load(), Revoked: n.revoked.Load(), Batched: n.batched.Load()}
 }
