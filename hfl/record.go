@@ -25,7 +25,9 @@ func CleanPath(p string) (string, error) {
 	if p == "" || strings.HasPrefix(p, "/") || strings.ContainsRune(p, 0) {
 		return "", fmt.Errorf("%q: %w", p, ErrBadPath)
 	}
-	for _, elem := range strings.Split(p, "/") {
+	for rest, more := p, true; more; {
+		var elem string
+		elem, rest, more = strings.Cut(rest, "/")
 		if elem == ".." {
 			return "", fmt.Errorf("%q: %w", p, ErrBadPath)
 		}

@@ -205,3 +205,53 @@ print(first, hashlib.sha256(m[:]).hexdigest())
 		t.Fatalf("after a restart, the ranged directory keeps %d files of a file removed meanwhile", len(ents))
 	}
 }
+
+// TestClusterRangedThenWhole: many readers of one large input file on a
+// node, as the ranks of a job: the first reads it in ranges until it is
+// whole and installed, the next ones open the copy (with passthrough)
+// while the first still holds the file; once the first closes, a reader
+// that opens while another holds the copy still opens and reads the
+// owner's bytes.
+func TestClusterRangedThenWhole(t *testing.T) {
+	c := newClusterWith(t, clusterOptions{nodes: 0})
+	a := c.addNode("a")
+	b := c.addNode("b", "--range-threshold", "64MiB")
+	a.mustSh("head -c 83886080 /dev/urandom > f")
+	want := sha(a, "f")
+	flag := filepath.Join(c.dir, "installed")
+	res := b.startSh(fmt.Sprintf(`python3 -c '
+import hashlib, os, time
+def whole(fd):
+    h, off = hashlib.sha256(), 0
+    while True:
+        b = os.pread(fd, 1 << 20, off)
+        if not b:
+            return h.hexdigest()
+        h.update(b)
+        off += len(b)
+first = os.open("f", os.O_RDONLY)
+sums = [whole(first)]
+for _ in range(2400):
+    if os.path.exists("%s"):
+        break
+    time.sleep(0.05)
+second = os.open("f", os.O_RDONLY)
+sums.append(whole(second))
+os.close(first)
+time.sleep(0.5)
+third = os.open("f", os.O_RDONLY)
+sums.append(whole(third))
+os.close(third)
+os.close(second)
+print(" ".join(sums))
+'`, flag))
+	b.waitStatus("the file read in ranges installed", func(st dfs.Status) bool { return st.DMD.Ranged.Installed == 1 })
+	os.WriteFile(flag, nil, 0o644)
+	r := <-res
+	if r.err != nil {
+		t.Fatalf("three readers of a file read in ranges, then whole: %v\n%s\n%s", r.err, r.stdout, r.stderr)
+	}
+	if got := strings.Fields(r.stdout); len(got) != 3 || got[0] != want || got[1] != want || got[2] != want {
+		t.Fatalf("three readers read %v, the owner's %s", got, want)
+	}
+}

@@ -334,8 +334,12 @@ func (c *tgidCache) put(tid, tgid uint32) {
 // a new process of that id (whose group is itself); only if tgid was
 // reused too, in the same group, is the answer wrong (see tgidLifetime).
 func inGroup(tgid, tid uint32) bool {
-	var st unix.Stat_t
-	return unix.Stat("/proc/"+strconv.FormatUint(uint64(tgid), 10)+"/task/"+strconv.FormatUint(uint64(tid), 10), &st) == nil
+	// Signal 0 sends nothing: the kernel only finds thread tid in
+	// process tgid (ESRCH if it is not there), then checks that the
+	// daemon may signal it (EPERM: it is there). One system call, where
+	// a stat of /proc/<tgid>/task/<tid> walks procfs.
+	err := unix.Tgkill(int(tgid), int(tid), 0)
+	return err == nil || err == unix.EPERM
 }
 
 // Groups returns the supplementary group ids of thread tid.
