@@ -273,10 +273,9 @@ func (l *Locator) count(lv Level, found bool) {
 	}
 }
 
-// Hold makes sure this node holds a promise for path itself, not only
-// through its directory's listing (which ends at the first change in the
-// directory): a copy of the path, or a shadow of the directory, is about
-// to be made here and must hear of its changes.
+// Hold makes sure this node holds a promise for path, its own or through
+// its directory's listing: a copy of the path, or a shadow of the
+// directory, is about to be made here and must hear of its changes.
 func (l *Locator) Hold(ctx context.Context, path string) { l.notices.Hold(ctx, path) }
 
 // List returns up to limit entries of directory dir (clean, "" for the

@@ -139,9 +139,13 @@ func (n *Protocol) learnFromStore(path string, a *asked, rec hfl.Record, err err
 	}
 }
 
-// Hold makes sure this node holds a promise for path itself.
+// Hold makes sure this node holds a promise for path: its own, or its
+// directory's listing, whose home tells this node of every change of the
+// directory's entries (and, if the listing's promise ends with a change,
+// of that change, after which the path is asked about again).
 func (n *Protocol) Hold(ctx context.Context, path string) {
-	if !n.holder.holds(path) {
+	dir, _ := hfl.SplitPath(path)
+	if !n.holder.holds(path) && !n.holder.holdsListing(dir) {
 		n.ask(ctx, path, 0, false).endFlight()
 	}
 }
