@@ -270,6 +270,57 @@ func TestListingPromise(t *testing.T) {
 	}
 }
 
+// TestListingHoldsItsPaths: a node that holds a directory's listing holds
+// its paths: holding one asks the home nothing, and a change of it is
+// told to the node (its copy is dropped). Without the listing, holding a
+// path asks its home.
+func TestListingHoldsItsPaths(t *testing.T) {
+	locs, locals, _, _ := promiseCluster(t, 2)
+	ctx := testContext(t)
+	// The holder is the node that is not the directory's home, so that
+	// its questions cross the network and are counted.
+	home, holder := locs[0], 1
+	if locs[0].n.HomeOf("h/a") != "n0" {
+		home, holder = locs[1], 0
+	}
+	owner := home.n.self.Node
+	if _, err := home.Publish(ctx, hfl.Record{Path: "h/a", Owner: owner, Mode: 0o100644}, told); err != nil {
+		t.Fatal(err)
+	}
+	h := locs[holder]
+	if _, err := h.List(ctx, "h", "", 0); err != nil {
+		t.Fatal(err)
+	}
+	asked := h.n.asked.Load()
+	h.Hold(ctx, "h/a")
+	if n := h.n.asked.Load() - asked; n != 0 {
+		t.Fatalf("holding a path of a listing held asked the home %d times", n)
+	}
+	pub, err := home.Publish(ctx, hfl.Record{Path: "h/a", Owner: owner, Mode: 0o100644}, told)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("h/a gen %d by %s", pub.Generation, owner); !locals[holder].heard(want) {
+		t.Fatalf("the holder of the listing was not told %q before the publish returned", want)
+	}
+	if st, ok := h.n.Known("h/a"); !ok || !st.Exists || st.Rec.Generation != pub.Generation {
+		t.Fatalf("the holder knows %+v (%v), want generation %d", st, ok, pub.Generation)
+	}
+	// A path of a directory whose listing it does not hold: asked.
+	dir := "g"
+	for i := 0; home.n.HomeOf(dir+"/b") != owner; i++ {
+		dir = fmt.Sprintf("g%d", i)
+	}
+	if _, err := home.Publish(ctx, hfl.Record{Path: dir + "/b", Owner: owner, Mode: 0o100644}, told); err != nil {
+		t.Fatal(err)
+	}
+	asked = h.n.asked.Load()
+	h.Hold(ctx, dir+"/b")
+	if n := h.n.asked.Load() - asked; n != 1 {
+		t.Fatalf("holding a path alone asked the home %d times, want 1", n)
+	}
+}
+
 // TestChangeDuringQuestionIsNotKept: a change told while a node reads the
 // store is newer than what the store said: the answer is used once, not
 // kept under the promise.
