@@ -273,10 +273,12 @@ func (l *Locator) count(lv Level, found bool) {
 	}
 }
 
-// Hold makes sure this node holds a promise for path, its own or through
-// its directory's listing: a copy of the path, or a shadow of the
-// directory, is about to be made here and must hear of its changes.
-func (l *Locator) Hold(ctx context.Context, path string) { l.notices.Hold(ctx, path) }
+// Hold makes sure this node holds a promise for path, its own or, unless
+// own, through its directory's listing: a copy of the path, or a shadow
+// of the directory (own: a lookup trusts a directory here without asking,
+// and a listing's promise can end before the path's would), is about to
+// be made here and must hear of its changes.
+func (l *Locator) Hold(ctx context.Context, path string, own bool) { l.notices.Hold(ctx, path, own) }
 
 // List returns up to limit entries of directory dir (clean, "" for the
 // top) whose names sort after after, in name order; fewer than limit means

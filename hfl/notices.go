@@ -42,7 +42,7 @@ type Notices interface {
 	// holds it or, for the first page (first), reads it under the home's
 	// promise; ok is false when the caller is to read the store's page.
 	List(ctx context.Context, dir string, first bool) (recs []Record, ok bool, err error)
-	Hold(ctx context.Context, path string)
+	Hold(ctx context.Context, path string, own bool)
 	HoldListing(ctx context.Context, dir string)
 	// HomeOf returns the node that is the home of path ("" if none).
 	HomeOf(path string) string
@@ -206,7 +206,7 @@ func (s *singleNode) List(context.Context, string, bool) ([]Record, bool, error)
 	return nil, false, nil
 }
 
-func (s *singleNode) Hold(context.Context, string)        {}
+func (s *singleNode) Hold(context.Context, string, bool)  {}
 func (s *singleNode) HoldListing(context.Context, string) {}
 func (s *singleNode) HomeOf(string) string                { return "" }
 

@@ -527,7 +527,7 @@ func (d *DMD) ownNewer(rel string, rec hfl.Record) bool {
 // as a shadow: it is shown here, files can be made in it, and it is not
 // this node's to publish.
 func (d *DMD) ShadowDir(ctx context.Context, rel string, rec hfl.Record) error {
-	d.loc.Hold(ctx, rel)
+	d.loc.Hold(ctx, rel, true)
 	parent, base := path.Split(rel)
 	dirfd, err := d.dirBeneath(strings.TrimSuffix(parent, "/"), rec.Uid, rec.Gid)
 	if err != nil {

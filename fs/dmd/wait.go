@@ -334,7 +334,7 @@ func (d *DMD) fetchLocated(ctx context.Context, rel string, rec hfl.Record, h he
 	}
 	switch _, err := d.openRanged(ctx, rel, rec); {
 	case err == nil:
-		d.loc.Hold(ctx, rel) // it must hear of changes
+		d.loc.Hold(ctx, rel, false) // it must hear of changes
 		return d.BackingPath(rel), 0, nil
 	case errors.Is(err, dtl.ErrStale):
 		// The owner no longer has that version: wait for the next.
@@ -354,7 +354,7 @@ func (d *DMD) fetchLocated(ctx context.Context, rel string, rec hfl.Record, h he
 		return "", 0, err
 	}
 	defer done()
-	d.loc.Hold(ctx, rel) // the copy must hear of changes
+	d.loc.Hold(ctx, rel, false) // the copy must hear of changes
 	d.stats.fetches.Add(1)
 	start := time.Now()
 	if f, ok := ctx.Value(waitForKey{}).(func(string)); ok {

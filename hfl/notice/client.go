@@ -139,13 +139,14 @@ func (n *Protocol) learnFromStore(path string, a *asked, rec hfl.Record, err err
 	}
 }
 
-// Hold makes sure this node holds a promise for path: its own, or its
-// directory's listing, whose home tells this node of every change of the
-// directory's entries (and, if the listing's promise ends with a change,
-// of that change, after which the path is asked about again).
-func (n *Protocol) Hold(ctx context.Context, path string) {
+// Hold makes sure this node holds a promise for path: its own, or, unless
+// own, its directory's listing, whose home tells this node of every change
+// of the directory's entries (and, if the listing's promise ends with a
+// change, of that change and of every later one until the end reached
+// this node; the path is then asked about again).
+func (n *Protocol) Hold(ctx context.Context, path string, own bool) {
 	dir, _ := hfl.SplitPath(path)
-	if !n.holder.holds(path) && !n.holder.holdsListing(dir) {
+	if !n.holder.holds(path) && (own || !n.holder.holdsListing(dir)) {
 		n.ask(ctx, path, 0, false).endFlight()
 	}
 }

@@ -41,6 +41,8 @@ type homeSide struct {
 	// are not told yet that their promises are void, and when they were
 	// last taken for it.
 	revoking map[string]time.Time
+	// maxListers is maxListers (tests lower it).
+	maxListers int
 }
 
 // homeDir is a directory this node is (or was) home of.
@@ -49,6 +51,13 @@ type homeDir struct {
 	// listers hold a promise for the whole listing: they are told of
 	// every change of its entries.
 	listers map[string]time.Time
+	// ending are the listers whose promise ended with a change (too many
+	// listers) and that may not know it yet, by when it was granted:
+	// every later change is told to them too, as ending their listing,
+	// until the end reached them. A node that holds a path through the
+	// listing alone (a copy made under it) must not miss a change that
+	// comes meanwhile.
+	ending map[string]time.Time
 }
 
 // homeEntry is what the home knows of one path, and its holders.
@@ -68,7 +77,7 @@ type aheadRecord struct {
 
 func newHomeSide(n *Protocol) *homeSide {
 	return &homeSide{n: n, dirs: make(map[string]*homeDir), ahead: make(map[string]aheadRecord), held: newHeldData(),
-		revoking: make(map[string]time.Time)}
+		revoking: make(map[string]time.Time), maxListers: maxListers}
 }
 
 // entryLocked returns the entry of p, made if need be.
@@ -130,24 +139,52 @@ func (h *homeSide) takeTargetsLocked(d *homeDir, e *homeEntry, from string, now 
 			out = append(out, target{node: node, held: true, granted: at})
 		}
 	}
-	end := len(d.listers) > maxListers
+	end := len(d.listers) > h.maxListers
 	for node, at := range d.listers {
 		if node == from {
 			continue // it changed the listing itself and keeps it current
 		}
-		if i, ok := idx[node]; ok {
-			out[i].listing, out[i].ended = true, end
-		} else {
-			out = append(out, target{node: node, listing: true, ended: end, granted: at})
-		}
 		if end {
 			delete(d.listers, node)
-			h.nholders--
+			if d.ending == nil {
+				d.ending = make(map[string]time.Time)
+			}
+			d.ending[node] = at // still counted in nholders; told below
+			continue
+		}
+		d.listers[node] = now
+		if i, ok := idx[node]; ok {
+			out[i].listing = true
 		} else {
-			d.listers[node] = now
+			out = append(out, target{node: node, listing: true, granted: at})
+		}
+	}
+	for node, at := range d.ending {
+		if node == from {
+			continue
+		}
+		if i, ok := idx[node]; ok {
+			out[i].listing, out[i].ended = true, true
+		} else {
+			out = append(out, target{node: node, listing: true, ended: true, granted: at})
 		}
 	}
 	return out
+}
+
+// endTold notes that node was told, with a change of p, that its listing
+// of p's directory, granted at granted, ended: later changes need not be
+// told to it as a lister.
+func (h *homeSide) endTold(p, node string, granted time.Time) {
+	dir, _ := hfl.SplitPath(p)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if d := h.dirs[dir]; d != nil {
+		if at, ok := d.ending[node]; ok && at.Equal(granted) {
+			delete(d.ending, node)
+			h.nholders--
+		}
+	}
 }
 
 // published takes a record from its owner. A provisional one (sent ahead
@@ -363,6 +400,10 @@ func (h *homeSide) list(from, dir string) reply {
 	if d.listers == nil {
 		d.listers = make(map[string]time.Time)
 	}
+	if _, ok := d.ending[from]; ok {
+		delete(d.ending, from) // it reads the listing again: a lister anew
+		h.nholders--
+	}
 	if _, ok := d.listers[from]; !ok {
 		if h.nholders >= maxHolders {
 			r.NoPromise = true
@@ -412,6 +453,9 @@ func (h *homeSide) tellOne(ctx context.Context, p string, t target, msg notice, 
 	n.breaks.Add(1)
 	if t.node == n.self.Node {
 		h.n.holder.brokenBy(msg)
+		if t.ended {
+			h.endTold(p, t.node, t.granted)
+		}
 		return
 	}
 	deadline := time.Now().Add(n.t.silence)
@@ -429,6 +473,9 @@ func (h *homeSide) tellOne(ctx context.Context, p string, t target, msg notice, 
 		}
 		_, err := n.send(sctx, m, msg)
 		cancel()
+		if err == nil && t.ended {
+			h.endTold(p, t.node, t.granted)
+		}
 		if err == nil || ctx.Err() != nil {
 			return
 		}
@@ -542,7 +589,7 @@ func (h *homeSide) evictLocked() {
 				h.held.drop(path.Join(dir, name), "")
 			}
 		}
-		if len(d.entries) == 0 && len(d.listers) == 0 {
+		if len(d.entries) == 0 && len(d.listers) == 0 && len(d.ending) == 0 {
 			delete(h.dirs, dir)
 		}
 		if h.nknown <= maxKnown*3/4 {
@@ -567,6 +614,12 @@ func (h *homeSide) dropHoldersLocked(drop func(holder string, at time.Time) bool
 				h.nholders--
 			}
 		}
+		for node, at := range d.ending {
+			if drop(node, at) {
+				delete(d.ending, node)
+				h.nholders--
+			}
+		}
 		for name, e := range d.entries {
 			for node, at := range e.holders {
 				if drop(node, at) {
@@ -578,7 +631,7 @@ func (h *homeSide) dropHoldersLocked(drop func(holder string, at time.Time) bool
 				delete(d.entries, name)
 			}
 		}
-		if len(d.entries) == 0 && len(d.listers) == 0 {
+		if len(d.entries) == 0 && len(d.listers) == 0 && len(d.ending) == 0 {
 			delete(h.dirs, dir)
 		}
 	}

@@ -48,13 +48,15 @@ type memNet struct {
 	mu   sync.Mutex
 	locs map[string]*node // by address
 	down map[string]bool  // by node
-	// delay is how long a message takes, as over a network.
+	// delay is how long a message takes, as over a network; slow, how
+	// long more one takes to reach the node.
 	delay time.Duration
+	slow  map[string]time.Duration
 }
 
 func (p *memPeers) Message(ctx context.Context, addr, node string, msg []byte) ([]byte, error) {
 	p.net.mu.Lock()
-	l, down, delay := p.net.locs[addr], p.net.down[node] || p.net.down[p.from], p.net.delay
+	l, down, delay := p.net.locs[addr], p.net.down[node] || p.net.down[p.from], p.net.delay+p.net.slow[node]
 	p.net.mu.Unlock()
 	if delay > 0 {
 		time.Sleep(delay)

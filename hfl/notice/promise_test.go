@@ -272,8 +272,8 @@ func TestListingPromise(t *testing.T) {
 
 // TestListingHoldsItsPaths: a node that holds a directory's listing holds
 // its paths: holding one asks the home nothing, and a change of it is
-// told to the node (its copy is dropped). Without the listing, holding a
-// path asks its home.
+// told to the node (its copy is dropped). Without the listing, or for a
+// promise of its own, holding a path asks its home.
 func TestListingHoldsItsPaths(t *testing.T) {
 	locs, locals, _, _ := promiseCluster(t, 2)
 	ctx := testContext(t)
@@ -292,9 +292,14 @@ func TestListingHoldsItsPaths(t *testing.T) {
 		t.Fatal(err)
 	}
 	asked := h.n.asked.Load()
-	h.Hold(ctx, "h/a")
+	h.Hold(ctx, "h/a", false)
 	if n := h.n.asked.Load() - asked; n != 0 {
 		t.Fatalf("holding a path of a listing held asked the home %d times", n)
+	}
+	// A promise of its own (for a shadow directory) is asked for.
+	h.Hold(ctx, "h/a", true)
+	if n := h.n.asked.Load() - asked; n != 1 {
+		t.Fatalf("holding a path of its own asked the home %d times, want 1", n)
 	}
 	pub, err := home.Publish(ctx, hfl.Record{Path: "h/a", Owner: owner, Mode: 0o100644}, told)
 	if err != nil {
@@ -315,9 +320,76 @@ func TestListingHoldsItsPaths(t *testing.T) {
 		t.Fatal(err)
 	}
 	asked = h.n.asked.Load()
-	h.Hold(ctx, dir+"/b")
+	h.Hold(ctx, dir+"/b", false)
 	if n := h.n.asked.Load() - asked; n != 1 {
 		t.Fatalf("holding a path alone asked the home %d times, want 1", n)
+	}
+}
+
+// TestEndedListingHearsLaterChanges: when a change ends the listings of
+// too many listers, a later change of another path of the directory is
+// still told to a lister the end has not reached yet, before its publish
+// returns: that lister may hold the path through the listing alone (a
+// copy made under it), and must not keep answering from it.
+func TestEndedListingHearsLaterChanges(t *testing.T) {
+	locs, locals, _, net := promiseCluster(t, 3)
+	ctx := testContext(t)
+	var home *node
+	var listers []int
+	for i, l := range locs {
+		if locs[0].n.HomeOf("d/q") == l.n.self.Node {
+			home = l
+		} else {
+			listers = append(listers, i)
+		}
+	}
+	owner := home.n.self.Node
+	home.n.home.mu.Lock()
+	home.n.home.maxListers = 1
+	home.n.home.mu.Unlock()
+	if _, err := home.Publish(ctx, hfl.Record{Path: "d/q", Owner: owner, Mode: 0o100644}, told); err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range listers {
+		if _, err := locs[i].List(ctx, "d", "", 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slow := listers[0]
+	net.mu.Lock()
+	net.slow = map[string]time.Duration{locs[slow].n.self.Node: 300 * time.Millisecond}
+	net.mu.Unlock()
+	// Ends both listings (two listers, one allowed), told slowly to one
+	// of them: once the other heard it, the end is on its way to the slow
+	// one, which does not know it yet.
+	first := make(chan error, 1)
+	go func() {
+		_, err := home.Publish(ctx, hfl.Record{Path: "d/x", Owner: owner, Mode: 0o100644}, told)
+		first <- err
+	}()
+	eventuallyTrue(t, "the fast lister told of the change that ends its listing", func() bool {
+		r := locals[listers[1]]
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, s := range r.told {
+			if strings.HasPrefix(s, "d/x gen ") {
+				return true
+			}
+		}
+		return false
+	})
+	pub, err := home.Publish(ctx, hfl.Record{Path: "d/q", Owner: owner, Mode: 0o100644}, told)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("d/q gen %d by %s", pub.Generation, owner); !locals[slow].heard(want) {
+		t.Fatalf("a lister whose listing had just ended was not told %q before the publish returned", want)
+	}
+	if st, ok := locs[slow].n.Known("d/q"); ok && (!st.Exists || st.Rec.Generation != pub.Generation) {
+		t.Fatalf("the lister answers %+v from what it was promised, after the publish of generation %d returned", st, pub.Generation)
 	}
 }
 
