@@ -124,6 +124,8 @@ type target struct {
 	listing bool // it holds the listing of the path's directory
 	ended   bool // ...and that promise ends with this change
 	granted time.Time
+	// listed is when the ended listing was granted (see homeDir.ending).
+	listed time.Time
 }
 
 // takeTargetsLocked returns the holders of e and the listers of d to tell
@@ -164,9 +166,9 @@ func (h *homeSide) takeTargetsLocked(d *homeDir, e *homeEntry, from string, now 
 			continue
 		}
 		if i, ok := idx[node]; ok {
-			out[i].listing, out[i].ended = true, true
+			out[i].listing, out[i].ended, out[i].listed = true, true, at
 		} else {
-			out = append(out, target{node: node, listing: true, ended: true, granted: at})
+			out = append(out, target{node: node, listing: true, ended: true, granted: at, listed: at})
 		}
 	}
 	return out
@@ -454,7 +456,7 @@ func (h *homeSide) tellOne(ctx context.Context, p string, t target, msg notice, 
 	if t.node == n.self.Node {
 		h.n.holder.brokenBy(msg)
 		if t.ended {
-			h.endTold(p, t.node, t.granted)
+			h.endTold(p, t.node, t.listed)
 		}
 		return
 	}
@@ -474,7 +476,7 @@ func (h *homeSide) tellOne(ctx context.Context, p string, t target, msg notice, 
 		_, err := n.send(sctx, m, msg)
 		cancel()
 		if err == nil && t.ended {
-			h.endTold(p, t.node, t.granted)
+			h.endTold(p, t.node, t.listed)
 		}
 		if err == nil || ctx.Err() != nil {
 			return

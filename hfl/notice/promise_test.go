@@ -393,6 +393,45 @@ func TestEndedListingHearsLaterChanges(t *testing.T) {
 	}
 }
 
+// TestEndedListerForgottenOnceTold: a lister whose listing ended, told so,
+// is no longer told of the directory's changes as a lister, also when it
+// holds the changed path itself.
+func TestEndedListerForgottenOnceTold(t *testing.T) {
+	locs, _, _, _ := promiseCluster(t, 3)
+	ctx := testContext(t)
+	home := locs[0]
+	for _, l := range locs {
+		if locs[0].n.HomeOf("e/a") == l.n.self.Node {
+			home = l
+		}
+	}
+	owner := home.n.self.Node
+	home.n.home.mu.Lock()
+	home.n.home.maxListers = 1
+	home.n.home.mu.Unlock()
+	if _, err := home.Publish(ctx, hfl.Record{Path: "e/a", Owner: owner, Mode: 0o100644}, told); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range locs {
+		if l != home {
+			if _, err := l.List(ctx, "e", "", 0); err != nil {
+				t.Fatal(err)
+			}
+			l.Hold(ctx, "e/a", true)
+		}
+	}
+	if _, err := home.Publish(ctx, hfl.Record{Path: "e/a", Owner: owner, Mode: 0o100644}, told); err != nil {
+		t.Fatal(err)
+	}
+	h := home.n.home
+	h.mu.Lock()
+	ending := len(h.dirs["e"].ending)
+	h.mu.Unlock()
+	if ending != 0 {
+		t.Fatalf("%d listers still ending after the change that ended their listings was told to them", ending)
+	}
+}
+
 // TestChangeDuringQuestionIsNotKept: a change told while a node reads the
 // store is newer than what the store said: the answer is used once, not
 // kept under the promise.
