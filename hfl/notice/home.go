@@ -137,6 +137,10 @@ func (h *homeSide) takeTargetsLocked(d *homeDir, e *homeEntry, from string, now 
 	idx := make(map[string]int)
 	for node, at := range e.holders {
 		if node != from {
+			// Renewed here as the holder renews it when told: a home
+			// that forgot a holder sooner would stop telling it of
+			// changes it still answers for.
+			e.holders[node] = now
 			idx[node] = len(out)
 			out = append(out, target{node: node, held: true, granted: at})
 		}

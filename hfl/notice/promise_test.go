@@ -432,6 +432,41 @@ func TestEndedListerForgottenOnceTold(t *testing.T) {
 	}
 }
 
+// TestToldHolderRenewedAtHome: a holder told of a change renews its
+// promise, and so does the home: it keeps telling the holder of changes
+// for as long as the holder trusts the promise.
+func TestToldHolderRenewedAtHome(t *testing.T) {
+	locs, _, _, _ := promiseCluster(t, 2)
+	ctx := testContext(t)
+	home, holder := locs[0], locs[1]
+	if locs[0].n.HomeOf("r/p") != "n0" {
+		home, holder = locs[1], locs[0]
+	}
+	owner, other := home.n.self.Node, holder.n.self.Node
+	if _, err := home.Publish(ctx, hfl.Record{Path: "r/p", Owner: owner, Mode: 0o100644}, told); err != nil {
+		t.Fatal(err)
+	}
+	holder.Hold(ctx, "r/p", true)
+	h := home.n.home
+	old := time.Now().Add(-50 * time.Second)
+	h.mu.Lock()
+	h.dirs["r"].entries["p"].holders[other] = old // granted 50 s ago
+	h.mu.Unlock()
+	if _, err := home.Publish(ctx, hfl.Record{Path: "r/p", Owner: owner, Mode: 0o100644}, told); err != nil {
+		t.Fatal(err)
+	}
+	if !holder.n.holder.holds("r/p") {
+		t.Fatal("the holder did not keep its promise when told of the change")
+	}
+	h.expire(time.Now().Add(20 * time.Second)) // 70 s after the first grant
+	h.mu.Lock()
+	_, kept := h.dirs["r"].entries["p"].holders[other]
+	h.mu.Unlock()
+	if !kept {
+		t.Fatal("the home forgot a holder it renewed the promise of 20 s before")
+	}
+}
+
 // TestChangeDuringQuestionIsNotKept: a change told while a node reads the
 // store is newer than what the store said: the answer is used once, not
 // kept under the promise.
