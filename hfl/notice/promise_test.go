@@ -326,6 +326,32 @@ func TestListingHoldsItsPaths(t *testing.T) {
 	}
 }
 
+// listedByAll publishes p from its directory's home, which allows one
+// lister, and has every other node (listers, by index) list the directory.
+func listedByAll(t *testing.T, ctx context.Context, locs []*node, p string) (home *node, listers []int) {
+	t.Helper()
+	for i, l := range locs {
+		if locs[0].n.HomeOf(p) == l.n.self.Node {
+			home = l
+		} else {
+			listers = append(listers, i)
+		}
+	}
+	home.n.home.mu.Lock()
+	home.n.home.maxListers = 1
+	home.n.home.mu.Unlock()
+	if _, err := home.Publish(ctx, hfl.Record{Path: p, Owner: home.n.self.Node, Mode: 0o100644}, told); err != nil {
+		t.Fatal(err)
+	}
+	dir, _ := hfl.SplitPath(p)
+	for _, i := range listers {
+		if _, err := locs[i].List(ctx, dir, "", 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return home, listers
+}
+
 // TestEndedListingHearsLaterChanges: when a change ends the listings of
 // too many listers, a later change of another path of the directory is
 // still told to a lister the end has not reached yet, before its publish
@@ -334,27 +360,8 @@ func TestListingHoldsItsPaths(t *testing.T) {
 func TestEndedListingHearsLaterChanges(t *testing.T) {
 	locs, locals, _, net := promiseCluster(t, 3)
 	ctx := testContext(t)
-	var home *node
-	var listers []int
-	for i, l := range locs {
-		if locs[0].n.HomeOf("d/q") == l.n.self.Node {
-			home = l
-		} else {
-			listers = append(listers, i)
-		}
-	}
+	home, listers := listedByAll(t, ctx, locs, "d/q")
 	owner := home.n.self.Node
-	home.n.home.mu.Lock()
-	home.n.home.maxListers = 1
-	home.n.home.mu.Unlock()
-	if _, err := home.Publish(ctx, hfl.Record{Path: "d/q", Owner: owner, Mode: 0o100644}, told); err != nil {
-		t.Fatal(err)
-	}
-	for _, i := range listers {
-		if _, err := locs[i].List(ctx, "d", "", 0); err != nil {
-			t.Fatal(err)
-		}
-	}
 	slow := listers[0]
 	net.mu.Lock()
 	net.slow = map[string]time.Duration{locs[slow].n.self.Node: 300 * time.Millisecond}
@@ -399,26 +406,10 @@ func TestEndedListingHearsLaterChanges(t *testing.T) {
 func TestEndedListerForgottenOnceTold(t *testing.T) {
 	locs, _, _, _ := promiseCluster(t, 3)
 	ctx := testContext(t)
-	home := locs[0]
-	for _, l := range locs {
-		if locs[0].n.HomeOf("e/a") == l.n.self.Node {
-			home = l
-		}
-	}
+	home, listers := listedByAll(t, ctx, locs, "e/a")
 	owner := home.n.self.Node
-	home.n.home.mu.Lock()
-	home.n.home.maxListers = 1
-	home.n.home.mu.Unlock()
-	if _, err := home.Publish(ctx, hfl.Record{Path: "e/a", Owner: owner, Mode: 0o100644}, told); err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range locs {
-		if l != home {
-			if _, err := l.List(ctx, "e", "", 0); err != nil {
-				t.Fatal(err)
-			}
-			l.Hold(ctx, "e/a", true)
-		}
+	for _, i := range listers {
+		locs[i].Hold(ctx, "e/a", true)
 	}
 	if _, err := home.Publish(ctx, hfl.Record{Path: "e/a", Owner: owner, Mode: 0o100644}, told); err != nil {
 		t.Fatal(err)
