@@ -585,3 +585,55 @@ func TestClaimIsPublishedOrTakenBack(t *testing.T) {
 		t.Fatalf("a claim whose file went: %+v, %v; want it taken back", rec, err)
 	}
 }
+
+// TestReleaseSkipsAnotherWritersTruncation: a writer's close published the
+// file; before the kernel's release of that handle reaches the daemon, the
+// program opens the file again with O_TRUNC. The first handle's release
+// publishes nothing: the emptied bytes are the new writer's, published at
+// its own end. Both kinds of new writer: one registered before it
+// truncates, and a create (or an open that replaces a copy) that truncates
+// while it is creating, before it registers.
+func TestReleaseSkipsAnotherWritersTruncation(t *testing.T) {
+	fx := newFixture(t, func(c *Config) { c.CloseWait = 5 * time.Second })
+	notHeld := func(uint32) bool { return false }
+	closed := func(data string) (*Writer, *os.File, hfl.Record) {
+		t.Helper()
+		w, f := fx.create("v")
+		f.WriteString(data)
+		if err := w.Close(fx.ctx(), int(f.Fd()), "v", 1, notHeld); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		rec, err := fx.record("v")
+		if err != nil {
+			t.Fatalf("not published at close: %v", err)
+		}
+		return w, f, rec
+	}
+	kept := func(first hfl.Record) {
+		t.Helper()
+		if rec, err := fx.record("v"); err != nil || rec.Generation != first.Generation || rec.Size != first.Size {
+			t.Fatalf("the first handle's release published %+v (%v) while another writer had emptied the file; want %+v kept", rec, err, first)
+		}
+	}
+
+	w1, f1, first := closed("version one")
+	w2, f2 := fx.openWrite("v", os.O_WRONLY|os.O_TRUNC)
+	fx.end(w1, f1, "v") // the first handle's release, late
+	kept(first)
+	f2.WriteString("version two")
+	fx.end(w2, f2, "v")
+	if rec, err := fx.record("v"); err != nil || rec.Size != int64(len("version two")) || rec.Generation <= first.Generation {
+		t.Fatalf("the second writer's version: %+v, %v", rec, err)
+	}
+
+	os.Remove(filepath.Join(fx.dir, "v"))
+	fx.d.Removed(fx.ctx(), "v", FileID{}, false)
+	w1, f1, first = closed("version three")
+	fx.d.BeginCreate("v")
+	if err := os.Truncate(filepath.Join(fx.dir, "v"), 0); err != nil { // truncated before it registers
+		t.Fatal(err)
+	}
+	fx.end(w1, f1, "v")
+	fx.d.EndCreate("v")
+	kept(first)
+}
