@@ -22,11 +22,25 @@ type node struct {
 	fsys *FS
 	// id is the backing inode this node stands for; go-fuse makes a new
 	// node when a name comes to mean another inode.
-	id   dmd.FileID
+	id dmd.FileID
+	fileInode
+}
+
+// fileInode is what the inode of a file, here (node) or elsewhere
+// (remoteNode), keeps across its opens.
+type fileInode struct {
 	last lastName
-	// opened says an open of it returned a handle (see retarget).
+	// opened says an open or a create gave the kernel a handle of it, or
+	// is about to: from then on the kernel passes its opens through to
+	// that handle's backing file while any is open (see retarget).
 	opened atomic.Bool
 }
+
+// firstOpen marks the inode opened, before its handle is made, and
+// reports whether it is the first: only the first may be given another
+// file than the inode's (see retarget). Marking it after the handle is
+// made would let a concurrent open be retargeted meanwhile.
+func (f *fileInode) firstOpen() bool { return !f.opened.Swap(true) }
 
 // lastName is the path a node was last looked up, made or renamed by. A
 // rename or another node's version can take the name between the

@@ -37,11 +37,7 @@ func callerTid(ctx context.Context) uint32 {
 // file that is not the namespace's current version any more (replaced
 // elsewhere since the kernel looked it up) is opened as the current one.
 func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuseFlags uint32, errno syscall.Errno) {
-	defer func() {
-		if errno == 0 {
-			n.opened.Store(true)
-		}
-	}()
+	first := n.firstOpen()
 	fsys, d := n.fsys, n.fsys.dmd
 	if errno := fsys.fds.admit(ctx); errno != 0 {
 		return nil, 0, errno
@@ -79,7 +75,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 		// Gone here, or opened to write: a writer writes what the
 		// namespace has now (see writeCurrent).
 		if flags&writeFlags != 0 {
-			return fsys.writeCurrent(ctx, rel, flags, &n.opened, "backing replaced")
+			return fsys.writeCurrent(ctx, rel, flags, first, "backing replaced")
 		}
 		return nil, 0, fsys.stale("reader: backing gone", rel)
 	}
@@ -90,7 +86,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 		}
 		// A writer writes the current version, which is another file
 		// than this inode's (see writeCurrent).
-		return fsys.writeCurrent(ctx, rel, flags, &n.opened, "not current")
+		return fsys.writeCurrent(ctx, rel, flags, first, "not current")
 	}
 	if flags&writeFlags == 0 {
 		if err := d.WaitComplete(ctx, id, rel, tid); err != nil {
@@ -122,7 +118,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 	if errno != 0 {
 		w.Abort()
 		if errno == syscall.ENOENT && !d.Solo() {
-			return fsys.writeCurrent(ctx, rel, flags, &n.opened, "backing gone")
+			return fsys.writeCurrent(ctx, rel, flags, first, "backing gone")
 		}
 		return nil, 0, errno
 	}
@@ -144,8 +140,8 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 // current version; otherwise ESTALE has the kernel look the name up again
 // (it retries once) and open the current version through an inode of its
 // own, as it does for a name removed meanwhile (and creates it if asked).
-func (fsys *FS) writeCurrent(ctx context.Context, rel string, flags uint32, opened *atomic.Bool, why string) (gofs.FileHandle, uint32, syscall.Errno) {
-	if !retarget(opened, flags) {
+func (fsys *FS) writeCurrent(ctx context.Context, rel string, flags uint32, first bool, why string) (gofs.FileHandle, uint32, syscall.Errno) {
+	if !retarget(first, flags) {
 		return nil, 0, fsys.stale(why, rel)
 	}
 	fh, fuseFlags, errno := fsys.openForWrite(ctx, rel, flags)
@@ -219,6 +215,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	var fuseFlags uint32
 	n.fsys.cached(out)
 	child := ch.Operations().(*node)
+	child.firstOpen() // the kernel ties the inode to the created file
 	w := n.fsys.dmd.BeginWrite(child.id, callerTid(ctx), rel, true)
 	if made {
 		w.Made()

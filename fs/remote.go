@@ -22,14 +22,11 @@ type remoteNode struct {
 	gofs.Inode
 	fsys *FS
 	gen  uint64 // the version it stands for
-	// last is the last path it was known by: a rename or an unlink can
-	// take its name between the kernel's LOOKUP and the request that
-	// follows it, and an open then starts again from that name.
-	last lastName
-	// opened says an open of it returned a handle: from then on the
-	// kernel passes its opens through to that handle's backing file
-	// while any is open (see retarget).
-	opened atomic.Bool
+	// fileInode.last is the last path it was known by: a rename or an
+	// unlink can take its name between the kernel's LOOKUP and the
+	// request that follows it, and an open then starts again from that
+	// name.
+	fileInode
 }
 
 // remote makes the node of rel, published elsewhere as rec. It shows the
@@ -143,12 +140,8 @@ func (r *remoteNode) Getxattr(ctx context.Context, attr string, dest []byte) (ui
 
 // Open implements gofs.NodeOpener. To read, it waits until the current
 // version is here (fetched); to write, see dmd.OpenForWrite.
-func (r *remoteNode) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuseFlags uint32, errno syscall.Errno) {
-	defer func() {
-		if errno == 0 {
-			r.opened.Store(true)
-		}
-	}()
+func (r *remoteNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	first := r.firstOpen()
 	fsys := r.fsys
 	rel, named := r.rel()
 	defer fsys.forget(rel) // what is here from now on is shown as such
@@ -164,7 +157,7 @@ func (r *remoteNode) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle
 	}
 	rec, ok, err := fsys.dmd.Entry(ctx, rel, false)
 	if err == nil && ok && rec.Generation != r.gen && !fsys.dmd.Mine(rel) {
-		if flags&writeFlags != 0 && !retarget(&r.opened, flags) {
+		if flags&writeFlags != 0 && !retarget(first, flags) {
 			// Another version since the kernel looked it up: it looks
 			// up again (the kernel retries an open that gets ESTALE
 			// once); see retarget.
@@ -322,14 +315,15 @@ func (fsys *FS) copyTimes(rel string, a *fuse.Attr) {
 }
 
 // retarget reports whether an open for writing with flags may open the
-// current version of a file through the inode of another version (opened:
-// that inode's): only a truncating open, which
-// needs nothing of that version and whose size the kernel sets to 0, and
-// only through an inode never opened, to which the kernel ties no backing
-// file yet (it passes every open of an inode through to the backing file
-// its first open gave, while any is open). Otherwise ESTALE has the
-// kernel look the name up again, which may race with the next change
-// again.
-func retarget(opened *atomic.Bool, flags uint32) bool {
-	return flags&syscall.O_TRUNC != 0 && opened.CompareAndSwap(false, true)
+// current version of a file through the inode of another version (first:
+// the inode's first open, see fileInode.firstOpen): only a truncating
+// open, which needs nothing of that version and whose size the kernel
+// sets to 0, and only the first open or create of the inode, to which the
+// kernel ties no backing file yet (it passes every open of an inode
+// through to the backing file of the handle that gave it one, while any
+// handle of it is open, a create's too; go-fuse keeps that file until the
+// last handle's release). Otherwise ESTALE has the kernel look the name up
+// again, which may race with the next change again.
+func retarget(first bool, flags uint32) bool {
+	return first && flags&syscall.O_TRUNC != 0
 }
