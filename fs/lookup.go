@@ -214,7 +214,10 @@ func (p *pendingFile) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.
 
 // Open implements gofs.NodeOpener.
 func (p *pendingFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0 {
+		// A file that is not there is neither written nor truncated
+		// through a reader's placeholder (an open of /proc/<pid>/fd/N
+		// reaches it without a look up).
 		return nil, 0, syscall.ENOENT
 	}
 	fsys, d := p.fsys, p.fsys.dmd

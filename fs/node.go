@@ -30,17 +30,23 @@ type node struct {
 // (remoteNode), keeps across its opens.
 type fileInode struct {
 	last lastName
-	// opened says an open or a create gave the kernel a handle of it, or
-	// is about to: from then on the kernel passes its opens through to
+	// opens counts the opens and creates that gave the kernel a handle
+	// of it, or may: once one has, the kernel passes its opens through to
 	// that handle's backing file while any is open (see retarget).
-	opened atomic.Bool
+	opens atomic.Int32
 }
 
-// firstOpen marks the inode opened, before its handle is made, and
-// reports whether it is the first: only the first may be given another
-// file than the inode's (see retarget). Marking it after the handle is
-// made would let a concurrent open be retargeted meanwhile.
-func (f *fileInode) firstOpen() bool { return !f.opened.Swap(true) }
+// beginOpen counts an open (or a create) of the inode, before anything
+// else it does.
+func (f *fileInode) beginOpen() { f.opens.Add(1) }
+
+// soleOpen reports whether no open or create of the inode but the
+// caller's ever began: only then may the caller's open be given another
+// file than the inode's (see retarget). It is asked when that is
+// decided, not when the open began: an open that began later may have
+// returned its handle meanwhile, and go-fuse ties the inode to the file
+// of the first handle returned, not of the first open begun.
+func (f *fileInode) soleOpen() bool { return f.opens.Load() == 1 }
 
 // lastName is the path a node was last looked up, made or renamed by. A
 // rename or another node's version can take the name between the

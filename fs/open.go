@@ -37,7 +37,7 @@ func callerTid(ctx context.Context) uint32 {
 // file that is not the namespace's current version any more (replaced
 // elsewhere since the kernel looked it up) is opened as the current one.
 func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuseFlags uint32, errno syscall.Errno) {
-	first := n.firstOpen()
+	n.beginOpen()
 	fsys, d := n.fsys, n.fsys.dmd
 	if errno := fsys.fds.admit(ctx); errno != 0 {
 		return nil, 0, errno
@@ -75,7 +75,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 		// Gone here, or opened to write: a writer writes what the
 		// namespace has now (see writeCurrent).
 		if flags&writeFlags != 0 {
-			return fsys.writeCurrent(ctx, rel, flags, first, "backing replaced")
+			return fsys.writeCurrent(ctx, rel, flags, &n.fileInode, "backing replaced")
 		}
 		return nil, 0, fsys.stale("reader: backing gone", rel)
 	}
@@ -86,7 +86,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 		}
 		// A writer writes the current version, which is another file
 		// than this inode's (see writeCurrent).
-		return fsys.writeCurrent(ctx, rel, flags, first, "not current")
+		return fsys.writeCurrent(ctx, rel, flags, &n.fileInode, "not current")
 	}
 	if flags&writeFlags == 0 {
 		if err := d.WaitComplete(ctx, id, rel, tid); err != nil {
@@ -114,21 +114,61 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 	// close tells every node holding a copy (see writeHandle.Flush).
 	prev, published := d.PublishedAs(ctx, rel)
 	w := d.BeginWrite(id, tid, rel, false)
-	fh, errno = n.openHere(flags)
+	lf, errno := n.openHere(flags &^ truncLater(flags))
+	if errno == 0 {
+		errno = openedAs(lf, id, flags, d.Solo())
+		if errno != 0 {
+			lf.Release(ctx)
+		}
+	}
 	if errno != 0 {
 		w.Abort()
-		if errno == syscall.ENOENT && !d.Solo() {
-			return fsys.writeCurrent(ctx, rel, flags, first, "backing gone")
+		if (errno == syscall.ENOENT || errno == syscall.ESTALE) && !d.Solo() {
+			return fsys.writeCurrent(ctx, rel, flags, &n.fileInode, "backing gone or replaced")
 		}
 		return nil, 0, errno
 	}
-	h := fsys.newWriteHandle(fh, w, n.knownRel)
+	h := fsys.newWriteHandle(lf, w, n.knownRel)
 	if published {
 		h.claim(prev)
 	} else if !d.CloseWaits() {
 		fuseFlags |= fuse.FOPEN_NOFLUSH
 	}
 	return h, fuseFlags, 0
+}
+
+// openedAs finishes the open of f by path for a writer of the inode of
+// backing file id: with other nodes, it checks that f is that file (a
+// newer copy can replace it here between the open's checks and the open
+// itself, and the kernel would send a writer's bytes to the file the
+// inode's other handles have, with passthrough, while the newer copy is
+// published: ESTALE then); then it truncates f if the open left that to
+// it (see truncLater).
+func openedAs(f *gofs.LoopbackFile, id dmd.FileID, flags uint32, solo bool) syscall.Errno {
+	fd, _ := f.PassthroughFd()
+	if !solo {
+		var st syscall.Stat_t
+		if err := syscall.Fstat(fd, &st); err != nil {
+			return gofs.ToErrno(err)
+		}
+		if dmd.IDOf(&st) != id {
+			return syscall.ESTALE
+		}
+	}
+	if truncLater(flags) != 0 {
+		return gofs.ToErrno(syscall.Ftruncate(fd, 0))
+	}
+	return 0
+}
+
+// truncLater is O_TRUNC if an open with flags truncates after its checks
+// (see openedAs): one that can write. An O_RDONLY|O_TRUNC open, which
+// truncates too, leaves it to open(2).
+func truncLater(flags uint32) uint32 {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		return flags & syscall.O_TRUNC
+	}
+	return 0
 }
 
 // writeCurrent opens for writing the current version of rel, for an open
@@ -140,8 +180,8 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 // current version; otherwise ESTALE has the kernel look the name up again
 // (it retries once) and open the current version through an inode of its
 // own, as it does for a name removed meanwhile (and creates it if asked).
-func (fsys *FS) writeCurrent(ctx context.Context, rel string, flags uint32, first bool, why string) (gofs.FileHandle, uint32, syscall.Errno) {
-	if !retarget(first, flags) {
+func (fsys *FS) writeCurrent(ctx context.Context, rel string, flags uint32, f *fileInode, why string) (gofs.FileHandle, uint32, syscall.Errno) {
+	if !retarget(f, flags) {
 		return nil, 0, fsys.stale(why, rel)
 	}
 	fh, fuseFlags, errno := fsys.openForWrite(ctx, rel, flags)
@@ -215,7 +255,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	var fuseFlags uint32
 	n.fsys.cached(out)
 	child := ch.Operations().(*node)
-	child.firstOpen() // the kernel ties the inode to the created file
+	child.beginOpen() // the kernel ties the inode to the created file
 	w := n.fsys.dmd.BeginWrite(child.id, callerTid(ctx), rel, true)
 	if made {
 		w.Made()

@@ -141,7 +141,7 @@ func (r *remoteNode) Getxattr(ctx context.Context, attr string, dest []byte) (ui
 // Open implements gofs.NodeOpener. To read, it waits until the current
 // version is here (fetched); to write, see dmd.OpenForWrite.
 func (r *remoteNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	first := r.firstOpen()
+	r.beginOpen()
 	fsys := r.fsys
 	rel, named := r.rel()
 	defer fsys.forget(rel) // what is here from now on is shown as such
@@ -157,7 +157,7 @@ func (r *remoteNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, u
 	}
 	rec, ok, err := fsys.dmd.Entry(ctx, rel, false)
 	if err == nil && ok && rec.Generation != r.gen && !fsys.dmd.Mine(rel) {
-		if flags&writeFlags != 0 && !retarget(first, flags) {
+		if flags&writeFlags != 0 && !retarget(&r.fileInode, flags) {
 			// Another version since the kernel looked it up: it looks
 			// up again (the kernel retries an open that gets ESTALE
 			// once); see retarget.
@@ -315,15 +315,15 @@ func (fsys *FS) copyTimes(rel string, a *fuse.Attr) {
 }
 
 // retarget reports whether an open for writing with flags may open the
-// current version of a file through the inode of another version (first:
-// the inode's first open, see fileInode.firstOpen): only a truncating
-// open, which needs nothing of that version and whose size the kernel
-// sets to 0, and only the first open or create of the inode, to which the
-// kernel ties no backing file yet (it passes every open of an inode
-// through to the backing file of the handle that gave it one, while any
-// handle of it is open, a create's too; go-fuse keeps that file until the
-// last handle's release). Otherwise ESTALE has the kernel look the name up
-// again, which may race with the next change again.
-func retarget(first bool, flags uint32) bool {
-	return first && flags&syscall.O_TRUNC != 0
+// current version of a file through f, the inode of another version: only
+// a truncating open, which needs nothing of that version and whose size
+// the kernel sets to 0, and only the inode's sole open (see
+// fileInode.soleOpen), to which the kernel ties no backing file yet (it
+// passes every open of an inode through to the backing file of the handle
+// that gave it one, while any handle of it is open, a create's too;
+// go-fuse keeps that file until the last handle's release). Otherwise
+// ESTALE has the kernel look the name up again, which may race with the
+// next change again.
+func retarget(f *fileInode, flags uint32) bool {
+	return flags&syscall.O_TRUNC != 0 && f.soleOpen()
 }
