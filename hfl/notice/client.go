@@ -533,6 +533,7 @@ func (n *Protocol) awaitGone(ctx context.Context, m hfl.Member) bool {
 // now and then, so that the home keeps this node registered.
 func (n *Protocol) Await(ctx context.Context, w *hfl.Watch, after uint64, ahead bool) (hfl.Record, error) {
 	path := w.Path()
+	dir, _ := hfl.SplitPath(path)
 	newer := func(rec hfl.Record) bool {
 		return (rec.Provisional && ahead) || (!rec.Provisional && !rec.Writing && rec.Generation > after)
 	}
@@ -558,9 +559,11 @@ func (n *Protocol) Await(ctx context.Context, w *hfl.Watch, after uint64, ahead 
 			}
 			w.Rearm()
 		}
-		if !n.holder.holds(path) {
-			// Not registered at the home yet (or no longer): ask,
-			// which registers this node.
+		if !n.holder.holds(path) && !n.holder.holdsListing(dir) {
+			// Not registered at the home yet (or no longer), for the
+			// path or its directory's listing (whose listers the
+			// home tells of records sent ahead too): ask, which
+			// registers this node.
 			a := n.ask(ctx, path, after, ahead)
 			a.endFlight()
 			if a.answered && a.exists && newer(a.rec) {

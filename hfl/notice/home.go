@@ -215,6 +215,17 @@ func (h *homeSide) published(ctx context.Context, from string, rec hfl.Record, p
 				targets = append(targets, target{node: node, held: true, granted: at})
 			}
 		}
+		// The listers too, as neither holders nor listers here (a
+		// record sent ahead changes no promise): a consumer that
+		// waits for a name of a listing it holds need not ask to be
+		// told (see Await).
+		if len(d.listers) <= h.maxListers {
+			for node, at := range d.listers {
+				if _, held := e.holders[node]; !held && node != from {
+					targets = append(targets, target{node: node, granted: at})
+				}
+			}
+		}
 		h.mu.Unlock()
 		h.tell(ctx, rec.Path, targets, notice{Kind: kindBreak, Path: rec.Path, Rec: &rec, Inline: rec.Inline}, false)
 		return r

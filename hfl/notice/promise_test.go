@@ -62,6 +62,19 @@ type countingStore struct {
 	// lookupGate, if set, holds every Lookup until it is closed.
 	lookupGate chan struct{}
 	lookupIn   chan struct{}
+	// publishGate, if set, holds every Publish until it is closed.
+	publishGate chan struct{}
+}
+
+func (s *countingStore) Publish(ctx context.Context, slot hfl.Slot, rec hfl.Record) (hfl.Record, error) {
+	if s.publishGate != nil {
+		select {
+		case <-s.publishGate:
+		case <-ctx.Done():
+			return hfl.Record{}, ctx.Err()
+		}
+	}
+	return s.Store.Publish(ctx, slot, rec)
 }
 
 func (s *countingStore) Lookup(ctx context.Context, slot hfl.Slot) (hfl.Record, error) {
@@ -323,6 +336,56 @@ func TestListingHoldsItsPaths(t *testing.T) {
 	h.Hold(ctx, dir+"/b", false)
 	if n := h.n.asked.Load() - asked; n != 1 {
 		t.Fatalf("holding a path alone asked the home %d times, want 1", n)
+	}
+}
+
+// TestListerWaitsWithoutAsking: a node that holds a directory's listing
+// and waits for a name in it asks the home nothing, and is woken by the
+// record its owner sends ahead of the store's commit: the home tells its
+// listers of such records too.
+func TestListerWaitsWithoutAsking(t *testing.T) {
+	locs, _, store, _ := promiseCluster(t, 2)
+	ctx := testContext(t)
+	home, lister := locs[0], locs[1]
+	if locs[0].n.HomeOf("h/a") != "n0" {
+		home, lister = locs[1], locs[0]
+	}
+	owner := home.n.self.Node
+	if _, err := home.Publish(ctx, hfl.Record{Path: "h/x", Owner: owner, Mode: 0o100644}, told); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lister.List(ctx, "h", "", 0); err != nil {
+		t.Fatal(err)
+	}
+	asked := lister.n.asked.Load()
+	got := make(chan hfl.Record, 1)
+	go func() {
+		rec, err := lister.WaitAhead(ctx, "h/a", 0)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- rec
+	}()
+	store.publishGate = make(chan struct{})
+	defer close(store.publishGate)
+	// Until the waiter waits: a record sent ahead reaches only the
+	// waits that are on when it comes. The publishes end when the gate
+	// opens, at the end.
+	for {
+		go home.Publish(ctx, hfl.Record{Path: "h/a", Owner: owner, Mode: 0o100644, Size: 1}, closeTold)
+		select {
+		case rec := <-got:
+			if !rec.Provisional || rec.Owner != owner {
+				t.Fatalf("the lister got %+v, want the record sent ahead", rec)
+			}
+			if n := lister.n.asked.Load() - asked; n != 0 {
+				t.Fatalf("the lister asked the home %d times while it waited", n)
+			}
+			return
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			t.Fatal("the lister was not told of the record sent ahead")
+		}
 	}
 }
 
