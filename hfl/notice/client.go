@@ -576,10 +576,26 @@ func (n *Protocol) Await(ctx context.Context, w *hfl.Watch, after uint64, ahead 
 		if rec, exists, _, ok := n.holder.lookup(path); ok && exists && newer(rec) {
 			return n.withBytes(rec), nil
 		}
+		if ahead {
+			// Told as a lister before this wait began.
+			if rec, ok := n.holder.aheadOf(path); ok {
+				return rec, nil
+			}
+		}
 		if !onStore {
 			select {
 			case <-w.Done():
 			case <-grace.C:
+				if !n.holder.holds(path) {
+					// Waiting under the listing alone, which may
+					// have ended unseen (or its home changed):
+					// asked once, to be told as a holder.
+					a := n.ask(ctx, path, after, ahead)
+					a.endFlight()
+					if a.answered && a.exists && newer(a.rec) {
+						return a.rec, nil
+					}
+				}
 				toStore()
 			case <-ctx.Done():
 				return hfl.Record{}, ctx.Err()

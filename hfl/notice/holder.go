@@ -81,7 +81,14 @@ type holderSide struct {
 	bytes      map[string]hfl.Record
 	bytesOrder []string
 	nbytes     int
+	// ahead keeps the records sent ahead of their commit that this node
+	// was told as a lister, until the commit is told: a consumer that
+	// starts waiting for the path meanwhile takes it (see aheadOf).
+	ahead map[string]aheadRecord
 }
+
+// maxHolderAhead bounds the records sent ahead that a holder keeps.
+const maxHolderAhead = 256
 
 // maxHolderBytes bounds the small files' bytes a holder keeps.
 const maxHolderBytes = 8 << 20
@@ -95,7 +102,7 @@ type flight struct {
 
 func newHolderSide(n *Protocol) *holderSide {
 	return &holderSide{n: n, known: make(map[string]*known), order: list.New(), lists: make(map[string]*knownListing),
-		flights: make(map[string]*flight), bytes: make(map[string]hfl.Record),
+		flights: make(map[string]*flight), bytes: make(map[string]hfl.Record), ahead: make(map[string]aheadRecord),
 		misses: make(map[string]missCount), tooLarge: make(map[string]time.Time)}
 }
 
@@ -362,6 +369,46 @@ func (s *holderSide) attachBytes(rec hfl.Record) hfl.Record {
 	return rec
 }
 
+// keepAheadLocked keeps rec, a record of dir/name sent ahead of its
+// commit, unless the listing this node holds has it committed already (a
+// commit's notice can overtake the record sent ahead of it).
+func (s *holderSide) keepAheadLocked(dir, name string, rec hfl.Record, now time.Time) {
+	l := s.lists[dir]
+	if l == nil {
+		return // not a lister: the record is not kept (see aheadOf)
+	}
+	if c, ok := l.recs[name]; ok && c.Owner == rec.Owner && c.MtimeNs == rec.MtimeNs && c.Size == rec.Size {
+		return
+	}
+	if len(s.ahead) >= maxHolderAhead {
+		for p, a := range s.ahead {
+			if now.Sub(a.at) >= aheadTTL || len(s.ahead) >= maxHolderAhead {
+				delete(s.ahead, p)
+			}
+		}
+	}
+	s.ahead[rec.Path] = aheadRecord{rec: rec, at: now}
+}
+
+// aheadOf returns the record of p sent ahead of its commit that this node
+// was told, if it still holds the listing of p's directory (which tells
+// it of the commit, and so keeps the record from going stale unseen).
+func (s *holderSide) aheadOf(p string) (hfl.Record, bool) {
+	dir, _ := hfl.SplitPath(p)
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, ok := s.ahead[p]
+	if !ok || now.Sub(a.at) >= aheadTTL {
+		return hfl.Record{}, false
+	}
+	l := s.lists[dir]
+	if l == nil || !s.validLocked(&l.p, dir, now) {
+		return hfl.Record{}, false
+	}
+	return a.rec, true
+}
+
 // brokenBy takes a break this node sent itself, as its own home.
 func (s *holderSide) brokenBy(msg notice) {
 	s.broken(s.n.self.Node, msg.Path, msg.Rec, msg.Gen, msg.Listing, msg.ListingEnded, msg.Held)
@@ -414,6 +461,11 @@ func (s *holderSide) broken(from, p string, rec *hfl.Record, gen uint64, listing
 		if listing {
 			l.p = promise{home: m, epoch: epoch, expires: now.Add(n.t.promiseTTL - n.t.promiseMargin)}
 		}
+	}
+	if state.Provisional {
+		s.keepAheadLocked(dir, name, state, now)
+	} else {
+		delete(s.ahead, p)
 	}
 	stale := false // told of a state older than one known here
 	if !state.Provisional {

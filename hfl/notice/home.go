@@ -126,6 +126,10 @@ type target struct {
 	granted time.Time
 	// listed is when the ended listing was granted (see homeDir.ending).
 	listed time.Time
+	// shortcut says the notice is only a shortcut for it (a record sent
+	// ahead, told to a lister): one that does not take it is not taken
+	// for cut off.
+	shortcut bool
 }
 
 // takeTargetsLocked returns the holders of e and the listers of d to tell
@@ -222,7 +226,7 @@ func (h *homeSide) published(ctx context.Context, from string, rec hfl.Record, p
 		if len(d.listers) <= h.maxListers {
 			for node, at := range d.listers {
 				if _, held := e.holders[node]; !held && node != from {
-					targets = append(targets, target{node: node, granted: at})
+					targets = append(targets, target{node: node, granted: at, shortcut: true})
 				}
 			}
 		}
@@ -497,7 +501,9 @@ func (h *homeSide) tellOne(ctx context.Context, p string, t target, msg notice, 
 			return
 		}
 		if (persist && !time.Now().Before(deadline)) || (!persist && attempt >= 2) || time.Since(t.granted) > n.t.promiseTTL {
-			h.silent(p, t.node)
+			if !t.shortcut {
+				h.silent(p, t.node)
+			}
 			return
 		}
 		pause := time.NewTimer(min(n.t.retry<<min(attempt, 3), time.Until(deadline)))

@@ -342,7 +342,8 @@ func TestListingHoldsItsPaths(t *testing.T) {
 // TestListerWaitsWithoutAsking: a node that holds a directory's listing
 // and waits for a name in it asks the home nothing, and is woken by the
 // record its owner sends ahead of the store's commit: the home tells its
-// listers of such records too.
+// listers of such records too, and a lister keeps them until the commit,
+// for the waits that begin meanwhile.
 func TestListerWaitsWithoutAsking(t *testing.T) {
 	locs, _, store, _ := promiseCluster(t, 2)
 	ctx := testContext(t)
@@ -381,11 +382,25 @@ func TestListerWaitsWithoutAsking(t *testing.T) {
 			if n := lister.n.asked.Load() - asked; n != 0 {
 				t.Fatalf("the lister asked the home %d times while it waited", n)
 			}
-			return
 		case <-time.After(100 * time.Millisecond):
+			continue
 		case <-ctx.Done():
 			t.Fatal("the lister was not told of the record sent ahead")
 		}
+		break
+	}
+	// A wait that begins once the record sent ahead was told takes it.
+	go home.Publish(ctx, hfl.Record{Path: "h/b", Owner: owner, Mode: 0o100644, Size: 2}, closeTold)
+	eventuallyTrue(t, "the lister told of h/b ahead", func() bool {
+		_, ok := lister.n.holder.aheadOf("h/b")
+		return ok
+	})
+	rec, err := lister.WaitAhead(ctx, "h/b", 0)
+	if err != nil || !rec.Provisional || rec.Size != 2 {
+		t.Fatalf("a wait begun after the record sent ahead got %+v, %v", rec, err)
+	}
+	if n := lister.n.asked.Load() - asked; n != 0 {
+		t.Fatalf("the lister asked the home %d times while it waited", n)
 	}
 }
 
