@@ -76,6 +76,7 @@ func BenchmarkClusterCost(b *testing.B) {
 		add(benchRow{name: "1 file (" + mode.name + "): producer FUSE requests", unit: "req", value: per(d.requests[0])})
 		add(benchRow{name: "1 file (" + mode.name + "): consumer FUSE requests", unit: "req", value: per(d.requests[1])})
 		add(benchRow{name: "1 file (" + mode.name + "): messages between the daemons (notices, both ways)", unit: "msg", value: per(d.messages)})
+		add(benchRow{name: "1 file (" + mode.name + "): connections opened between the daemons", unit: "conn", value: per(d.dials[0] + d.dials[1])})
 		add(benchRow{name: "1 file (" + mode.name + "): questions the consumer asked of a home", unit: "msg", value: per(d.asked)})
 		closeRows(add, "1 file ("+mode.name+")", d.closes)
 		c.teardown()
@@ -136,6 +137,7 @@ type cost struct {
 	etcdCPU, txns, dbBytes float64
 	cpu, requests          [2]float64
 	allocs, allocBytes     [2]float64
+	dials                  [2]float64     // connections each daemon opened to the other
 	closes                 dmd.CloseStats // the producer's
 	messages               float64        // notice messages both daemons sent
 	asked                  float64        // questions the consumer sent to the producer's home
@@ -151,6 +153,7 @@ func (c cost) minus(o cost) cost {
 		d.requests[i] = c.requests[i] - o.requests[i]
 		d.allocs[i] = c.allocs[i] - o.allocs[i]
 		d.allocBytes[i] = c.allocBytes[i] - o.allocBytes[i]
+		d.dials[i] = c.dials[i] - o.dials[i]
 	}
 	return d
 }
@@ -163,6 +166,7 @@ func (c *cluster) costNow(nodes ...*node) cost {
 		st := n.status()
 		k.cpu[i] = cpuMs(n.pid)
 		k.allocs[i], k.allocBytes[i] = float64(st.Heap.Allocs), float64(st.Heap.AllocBytes)
+		k.dials[i] = float64(transportCounter(st, "connections_opened"))
 		for _, op := range st.Ops {
 			k.requests[i] += float64(op.Count)
 		}

@@ -120,12 +120,16 @@ func transportStatus(name string, t dtl.Transport, d *dmd.DMD) func() map[string
 		case *tcp.Transport:
 			s := tr.Stats()
 			section["files_served"], section["bytes_served"], section["requests_refused"] = s.Served, s.BytesSent, s.Refused
+			// Connections to other nodes opened (and authenticated), and
+			// fetches and messages that went out on one already open.
+			section["connections_opened"], section["connections_reused"] = s.Dials, s.Reused
 		case *fluxdtl.Transport:
 			s := tr.Stats()
 			section["files_served"], section["bytes_served"], section["requests_refused"] = s.Served, s.BytesSent, s.Refused
 		case *ucx.Transport:
 			s := tr.Stats()
 			section["files_served"], section["bytes_served"], section["requests_refused"] = s.Served, s.BytesSent, s.Refused
+			section["connections_opened"], section["connections_reused"] = s.Dials, s.Reused
 			// Registered buffers in use: a transfer waits when none is free.
 			section["send_buffers_busy"], section["recv_buffers_busy"] = s.SendSlots-s.SendFree, s.RecvSlots-s.RecvFree
 		}

@@ -471,6 +471,7 @@ func (h *homeSide) tell(ctx context.Context, p string, targets []target, msg not
 func (h *homeSide) tellOne(ctx context.Context, p string, t target, msg notice, persist bool) {
 	n := h.n
 	msg.Listing, msg.ListingEnded, msg.Held = t.listing, t.ended, t.held
+	msg.Sync = persist // a break with a deadline goes alone (see batchable)
 	n.breaks.Add(1)
 	if t.node == n.self.Node {
 		h.n.holder.brokenBy(msg)

@@ -105,7 +105,8 @@ type notice struct {
 	// Publish numbers an owner's publishes: its provisional and its
 	// committed notice of one publish carry the same number.
 	Publish uint64
-	// Sync: reply once every holder was told.
+	// Sync: reply once every holder was told. In a break: the home gives
+	// it a deadline (it is not batched).
 	Sync bool
 	// Listing: the holder holds the listing of the path's directory,
 	// which the change is part of; ListingEnded: that promise ends.

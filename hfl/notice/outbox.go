@@ -18,9 +18,9 @@ import (
 // in its own goroutine, as it handles separate messages, and answers with
 // all the replies. A notice that may wait for other nodes before its reply
 // (a publish or removal told before it returns) is not batched: the others
-// would wait with it; nor is a home's break to a holder, which the home
-// gives a deadline (see holderSilence) that a batch ahead of it must not
-// use up.
+// would wait with it; nor is a home's break to a holder that the home
+// gives a deadline (see holderSilence), which a batch ahead of it must not
+// use up: only the breaks told aside are.
 
 // Bounds of a batch: a message and its reply must stay within
 // dtl.MaxMessage (60 KiB), and a small file's bytes take up to 16 KiB.
@@ -38,7 +38,7 @@ const (
 // batchable reports whether msg may go in a batch.
 func batchable(msg notice) bool {
 	switch msg.Kind {
-	case kindPublished, kindUnpublished:
+	case kindPublished, kindUnpublished, kindBreak:
 		return !msg.Sync
 	case kindAsk, kindList:
 		return true
