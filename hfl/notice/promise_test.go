@@ -339,6 +339,14 @@ func TestListingHoldsItsPaths(t *testing.T) {
 	}
 }
 
+// homeAndOther returns, of two nodes, the home of p and the other one.
+func homeAndOther(locs []*node, p string) (home, other *node) {
+	if locs[0].n.HomeOf(p) == locs[0].n.self.Node {
+		return locs[0], locs[1]
+	}
+	return locs[1], locs[0]
+}
+
 // TestListerWaitsWithoutAsking: a node that holds a directory's listing
 // and waits for a name in it asks the home nothing, and is woken by the
 // record its owner sends ahead of the store's commit: the home tells its
@@ -347,10 +355,7 @@ func TestListingHoldsItsPaths(t *testing.T) {
 func TestListerWaitsWithoutAsking(t *testing.T) {
 	locs, _, store, _ := promiseCluster(t, 2)
 	ctx := testContext(t)
-	home, lister := locs[0], locs[1]
-	if locs[0].n.HomeOf("h/a") != "n0" {
-		home, lister = locs[1], locs[0]
-	}
+	home, lister := homeAndOther(locs, "h/a")
 	owner := home.n.self.Node
 	if _, err := home.Publish(ctx, hfl.Record{Path: "h/x", Owner: owner, Mode: 0o100644}, told); err != nil {
 		t.Fatal(err)
@@ -507,10 +512,7 @@ func TestEndedListerForgottenOnceTold(t *testing.T) {
 func TestToldHolderRenewedAtHome(t *testing.T) {
 	locs, _, _, _ := promiseCluster(t, 2)
 	ctx := testContext(t)
-	home, holder := locs[0], locs[1]
-	if locs[0].n.HomeOf("r/p") != "n0" {
-		home, holder = locs[1], locs[0]
-	}
+	home, holder := homeAndOther(locs, "r/p")
 	owner, other := home.n.self.Node, holder.n.self.Node
 	if _, err := home.Publish(ctx, hfl.Record{Path: "r/p", Owner: owner, Mode: 0o100644}, told); err != nil {
 		t.Fatal(err)
