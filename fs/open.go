@@ -114,10 +114,11 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 	// close tells every node holding a copy (see writeHandle.Flush).
 	prev, published := d.PublishedAs(ctx, rel)
 	w := d.BeginWrite(id, tid, rel, false)
-	lf, errno := n.openHere(flags &^ truncLater(flags))
-	if errno == 0 {
-		errno = openedAs(lf, id, flags, d.Solo())
-		if errno != 0 {
+	var lf *gofs.LoopbackFile
+	if d.Solo() {
+		lf, errno = n.openHere(flags) // no copy from elsewhere replaces it
+	} else if lf, errno = n.openHere(flags &^ truncLater(flags)); errno == 0 {
+		if errno = openedAs(lf, id, flags); errno != 0 {
 			lf.Release(ctx)
 		}
 	}
@@ -138,22 +139,20 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 }
 
 // openedAs finishes the open of f by path for a writer of the inode of
-// backing file id: with other nodes, it checks that f is that file (a
+// backing file id, with other nodes: it checks that f is that file (a
 // newer copy can replace it here between the open's checks and the open
 // itself, and the kernel would send a writer's bytes to the file the
 // inode's other handles have, with passthrough, while the newer copy is
 // published: ESTALE then); then it truncates f if the open left that to
 // it (see truncLater).
-func openedAs(f *gofs.LoopbackFile, id dmd.FileID, flags uint32, solo bool) syscall.Errno {
+func openedAs(f *gofs.LoopbackFile, id dmd.FileID, flags uint32) syscall.Errno {
 	fd, _ := f.PassthroughFd()
-	if !solo {
-		var st syscall.Stat_t
-		if err := syscall.Fstat(fd, &st); err != nil {
-			return gofs.ToErrno(err)
-		}
-		if dmd.IDOf(&st) != id {
-			return syscall.ESTALE
-		}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return gofs.ToErrno(err)
+	}
+	if dmd.IDOf(&st) != id {
+		return syscall.ESTALE
 	}
 	if truncLater(flags) != 0 {
 		return gofs.ToErrno(syscall.Ftruncate(fd, 0))
