@@ -11,6 +11,7 @@ import (
 	fluxdtl "github.com/dyadfs/dyadfs/dtl/flux"
 	"github.com/dyadfs/dyadfs/dtl/tcp"
 	"github.com/dyadfs/dyadfs/dtl/ucx"
+	"github.com/dyadfs/dyadfs/dtl/wire"
 	"github.com/dyadfs/dyadfs/fs/dmd"
 	"github.com/dyadfs/dyadfs/hfl"
 )
@@ -118,21 +119,25 @@ func transportStatus(name string, t dtl.Transport, d *dmd.DMD) func() map[string
 		// What the backend served to other nodes.
 		switch tr := t.(type) {
 		case *tcp.Transport:
-			s := tr.Stats()
-			section["files_served"], section["bytes_served"], section["requests_refused"] = s.Served, s.BytesSent, s.Refused
-			// Connections to other nodes opened (and authenticated), and
-			// fetches and messages that went out on one already open.
-			section["connections_opened"], section["connections_reused"] = s.Dials, s.Reused
+			wireStatus(section, tr.Stats())
 		case *fluxdtl.Transport:
 			s := tr.Stats()
 			section["files_served"], section["bytes_served"], section["requests_refused"] = s.Served, s.BytesSent, s.Refused
 		case *ucx.Transport:
 			s := tr.Stats()
-			section["files_served"], section["bytes_served"], section["requests_refused"] = s.Served, s.BytesSent, s.Refused
-			section["connections_opened"], section["connections_reused"] = s.Dials, s.Reused
+			wireStatus(section, s.Stats)
 			// Registered buffers in use: a transfer waits when none is free.
 			section["send_buffers_busy"], section["recv_buffers_busy"] = s.SendSlots-s.SendFree, s.RecvSlots-s.RecvFree
 		}
 		return section
 	}
+}
+
+// wireStatus adds the counters every binary transport keeps to section:
+// what it served to other nodes, and the connections to other nodes it
+// opened (and authenticated) and the fetches and messages that went out on
+// one already open.
+func wireStatus(section map[string]any, s wire.Stats) {
+	section["files_served"], section["bytes_served"], section["requests_refused"] = s.Served, s.BytesSent, s.Refused
+	section["connections_opened"], section["connections_reused"] = s.Dials, s.Reused
 }

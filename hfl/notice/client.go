@@ -537,7 +537,7 @@ func (n *Protocol) Await(ctx context.Context, w *hfl.Watch, after uint64, ahead 
 	newer := func(rec hfl.Record) bool {
 		return (rec.Provisional && ahead) || (!rec.Provisional && !rec.Writing && rec.Generation > after)
 	}
-	onStore := false
+	onStore, graceOver := false, false
 	toStore := func() {
 		if !onStore {
 			onStore = true
@@ -559,11 +559,13 @@ func (n *Protocol) Await(ctx context.Context, w *hfl.Watch, after uint64, ahead 
 			}
 			w.Rearm()
 		}
-		if !n.holder.holds(path) && !n.holder.holdsListing(dir) {
+		if !n.holder.holds(path) && (graceOver || !n.holder.holdsListing(dir)) {
 			// Not registered at the home yet (or no longer), for the
 			// path or its directory's listing (whose listers the
-			// home tells of records sent ahead too): ask, which
-			// registers this node.
+			// home tells of records sent ahead too), or waiting
+			// under the listing alone past the grace (the listing
+			// may have ended unseen, or its home changed): ask,
+			// which registers this node.
 			a := n.ask(ctx, path, after, ahead)
 			a.endFlight()
 			if a.answered && a.exists && newer(a.rec) {
@@ -586,16 +588,7 @@ func (n *Protocol) Await(ctx context.Context, w *hfl.Watch, after uint64, ahead 
 			select {
 			case <-w.Done():
 			case <-grace.C:
-				if !n.holder.holds(path) {
-					// Waiting under the listing alone, which may
-					// have ended unseen (or its home changed):
-					// asked once, to be told as a holder.
-					a := n.ask(ctx, path, after, ahead)
-					a.endFlight()
-					if a.answered && a.exists && newer(a.rec) {
-						return a.rec, nil
-					}
-				}
+				graceOver = true
 				toStore()
 			case <-ctx.Done():
 				return hfl.Record{}, ctx.Err()

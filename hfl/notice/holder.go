@@ -84,7 +84,7 @@ type holderSide struct {
 	// ahead keeps the records sent ahead of their commit that this node
 	// was told as a lister, until the commit is told: a consumer that
 	// starts waiting for the path meanwhile takes it (see aheadOf).
-	ahead map[string]aheadRecord
+	ahead aheadRecords
 }
 
 // maxHolderAhead bounds the records sent ahead that a holder keeps.
@@ -102,7 +102,7 @@ type flight struct {
 
 func newHolderSide(n *Protocol) *holderSide {
 	return &holderSide{n: n, known: make(map[string]*known), order: list.New(), lists: make(map[string]*knownListing),
-		flights: make(map[string]*flight), bytes: make(map[string]hfl.Record), ahead: make(map[string]aheadRecord),
+		flights: make(map[string]*flight), bytes: make(map[string]hfl.Record), ahead: make(aheadRecords),
 		misses: make(map[string]missCount), tooLarge: make(map[string]time.Time)}
 }
 
@@ -380,14 +380,7 @@ func (s *holderSide) keepAheadLocked(dir, name string, rec hfl.Record, now time.
 	if c, ok := l.recs[name]; ok && c.Owner == rec.Owner && c.MtimeNs == rec.MtimeNs && c.Size == rec.Size {
 		return
 	}
-	if len(s.ahead) >= maxHolderAhead {
-		for p, a := range s.ahead {
-			if now.Sub(a.at) >= aheadTTL || len(s.ahead) >= maxHolderAhead {
-				delete(s.ahead, p)
-			}
-		}
-	}
-	s.ahead[rec.Path] = aheadRecord{rec: rec, at: now}
+	s.ahead.keep(rec, now, maxHolderAhead)
 }
 
 // aheadOf returns the record of p sent ahead of its commit that this node
@@ -398,15 +391,11 @@ func (s *holderSide) aheadOf(p string) (hfl.Record, bool) {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	a, ok := s.ahead[p]
-	if !ok || now.Sub(a.at) >= aheadTTL {
+	rec, ok := s.ahead.fresh(p, now)
+	if l := s.lists[dir]; !ok || l == nil || !s.validLocked(&l.p, dir, now) {
 		return hfl.Record{}, false
 	}
-	l := s.lists[dir]
-	if l == nil || !s.validLocked(&l.p, dir, now) {
-		return hfl.Record{}, false
-	}
-	return a.rec, true
+	return rec, true
 }
 
 // brokenBy takes a break this node sent itself, as its own home.

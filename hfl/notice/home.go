@@ -35,7 +35,7 @@ type homeSide struct {
 	dirs     map[string]*homeDir
 	nholders int
 	nknown   int
-	ahead    map[string]aheadRecord
+	ahead    aheadRecords
 	held     *heldData
 	// revoking holds the holders taken for cut off (see silent) that
 	// are not told yet that their promises are void, and when they were
@@ -75,8 +75,44 @@ type aheadRecord struct {
 	at  time.Time
 }
 
+// aheadRecords keeps records sent ahead of their commit, by path, for the
+// consumers that start waiting before the commit is told: a home's, and a
+// lister's.
+type aheadRecords map[string]aheadRecord
+
+// keep keeps rec, received at now, unless max records younger than
+// aheadTTL are kept already (the consumers that wait then wait for the
+// committed record).
+func (a aheadRecords) keep(rec hfl.Record, now time.Time, max int) {
+	if len(a) >= max {
+		a.expire(now)
+		if len(a) >= max {
+			return
+		}
+	}
+	a[rec.Path] = aheadRecord{rec: rec, at: now}
+}
+
+// fresh returns the record of p kept, unless it is aheadTTL old.
+func (a aheadRecords) fresh(p string, now time.Time) (hfl.Record, bool) {
+	r, ok := a[p]
+	if !ok || now.Sub(r.at) >= aheadTTL {
+		return hfl.Record{}, false
+	}
+	return r.rec, true
+}
+
+// expire forgets the records aheadTTL old.
+func (a aheadRecords) expire(now time.Time) {
+	for p, r := range a {
+		if now.Sub(r.at) >= aheadTTL {
+			delete(a, p)
+		}
+	}
+}
+
 func newHomeSide(n *Protocol) *homeSide {
-	return &homeSide{n: n, dirs: make(map[string]*homeDir), ahead: make(map[string]aheadRecord), held: newHeldData(),
+	return &homeSide{n: n, dirs: make(map[string]*homeDir), ahead: make(aheadRecords), held: newHeldData(),
 		revoking: make(map[string]time.Time), maxListers: maxListers}
 }
 
@@ -401,8 +437,8 @@ func (h *homeSide) ask(from, p string, after uint64, withAhead bool) reply {
 			r.Rec, r.Inline = &rec, rec.Inline
 		}
 	}
-	if a, ok := h.ahead[p]; ok && withAhead && now.Sub(a.at) < aheadTTL && (!e.known || !e.exists || e.rec.Writing || e.gen <= after) {
-		rec := h.held.attach(a.rec)
+	if a, ok := h.ahead.fresh(p, now); ok && withAhead && (!e.known || !e.exists || e.rec.Writing || e.gen <= after) {
+		rec := h.held.attach(a)
 		r.Rec, r.Inline = &rec, rec.Inline
 	}
 	return r
@@ -585,18 +621,8 @@ func (h *homeSide) revoke(node string) {
 // keepAheadLocked keeps a provisional record for consumers that ask for it
 // before its committed record arrives.
 func (h *homeSide) keepAheadLocked(rec hfl.Record, now time.Time) {
-	if len(h.ahead) >= maxAhead {
-		for p, a := range h.ahead {
-			if now.Sub(a.at) >= aheadTTL {
-				delete(h.ahead, p)
-			}
-		}
-		if len(h.ahead) >= maxAhead {
-			return // the consumers that ask now wait for the committed record
-		}
-	}
 	rec.Inline = nil // held apart, within its own bound
-	h.ahead[rec.Path] = aheadRecord{rec: rec, at: now}
+	h.ahead.keep(rec, now, maxAhead)
 }
 
 // evictLocked forgets known entries that nobody holds once there are too
@@ -667,11 +693,7 @@ func (h *homeSide) expire(now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.dropHoldersLocked(func(_ string, at time.Time) bool { return now.Sub(at) > h.n.t.promiseTTL })
-	for p, a := range h.ahead {
-		if now.Sub(a.at) >= aheadTTL {
-			delete(h.ahead, p)
-		}
-	}
+	h.ahead.expire(now)
 }
 
 // holders counts the promises this home keeps.
