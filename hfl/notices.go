@@ -71,6 +71,10 @@ type NoticeEnv struct {
 	Waits *Waits
 	// CacheSize bounds the records kept.
 	CacheSize int
+	// StoreInProcess says that Store keeps its records in the daemon's
+	// memory (see store.InProcess): a cache in front of it would hold
+	// every record twice, each copy as quick to read.
+	StoreInProcess bool
 }
 
 // InlineMax is the size of the largest file whose bytes travel with the
@@ -130,14 +134,29 @@ type PublishSpent struct {
 
 // SingleNode is the notices of a daemon that shares its store with no
 // other: nothing changes unseen, so the records it published or looked up
-// are kept (a bounded LRU) and nothing is told.
+// are kept (a bounded LRU, unless the store is in this process) and
+// nothing is told.
 func SingleNode(env NoticeEnv) Notices {
-	return &singleNode{env: env, cache: newRecordCache(env.CacheSize)}
+	size := env.CacheSize
+	if env.StoreInProcess {
+		size = 0
+	}
+	return &singleNode{env: env, cache: newRecordCache(size)}
 }
 
 type singleNode struct {
 	env   NoticeEnv
 	cache *recordCache
+}
+
+// kept returns the record of path this node knows without asking: from
+// its cache, or from the store itself when it is in this process.
+func (s *singleNode) kept(path string) (Record, bool) {
+	if s.env.StoreInProcess {
+		rec, err := s.env.Store.Lookup(context.Background(), s.env.Keys.Slot(path))
+		return rec, err == nil
+	}
+	return s.cache.get(path)
 }
 
 func (s *singleNode) Start(context.Context, Member) error { return nil }
@@ -169,7 +188,7 @@ func (s *singleNode) State(ctx context.Context, path string) (State, error) {
 }
 
 func (s *singleNode) Known(path string) (State, bool) {
-	if rec, ok := s.cache.get(path); ok {
+	if rec, ok := s.kept(path); ok {
 		return State{Rec: rec, Exists: true, Gen: rec.Generation, Level: LevelCache}, true
 	}
 	return State{}, false
@@ -211,7 +230,7 @@ func (s *singleNode) HoldListing(context.Context, string) {}
 func (s *singleNode) HomeOf(string) string                { return "" }
 
 func (s *singleNode) Told(path string) (Record, bool, bool) {
-	rec, ok := s.cache.get(path) // its publishes, and records it looked up
+	rec, ok := s.kept(path) // its publishes, and records it looked up
 	return rec, ok, ok
 }
 

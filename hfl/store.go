@@ -12,6 +12,7 @@ type (
 	Slot       = store.Slot
 	RemoveCond = store.RemoveCond
 	Health     = store.Health
+	InProcess  = store.InProcess
 )
 
 // FileIno is the inode number of a file born on node as its local inode

@@ -506,3 +506,17 @@ func TestNotRepublishedWhileRewritten(t *testing.T) {
 		t.Fatalf("after the rewrite: %+v, %v; want the new 1 MiB version", rec, err)
 	}
 }
+
+// TestAloneKeepsOneCopyOfRecords: a node alone over the in-process store
+// keeps no second copy of its records in a cache (each file would cost
+// its record twice), and still knows what it published without asking.
+func TestAloneKeepsOneCopyOfRecords(t *testing.T) {
+	fx := newFixture(t, nil)
+	rec := fx.written("a/one.dat", "x")
+	if n := fx.d.loc.Stats().Cached; n != 0 {
+		t.Fatalf("%d records cached besides the store's own", n)
+	}
+	if got, exists, ok := fx.d.loc.Told("a/one.dat"); !ok || !exists || got.Generation != rec.Generation {
+		t.Fatalf("told %+v, exists %v, ok %v; want generation %d", got, exists, ok, rec.Generation)
+	}
+}

@@ -73,6 +73,13 @@ type Store interface {
 	Close() error
 }
 
+// InProcess is implemented by a store whose records live in the daemon's
+// own memory (the embedded store): a lookup costs what a cache's would, so
+// the locator keeps no second copy of them.
+type InProcess interface {
+	InProcess()
+}
+
 // Health is what a store says of itself (see Store.Health).
 type Health struct {
 	// Alarms are the store's alarms that refuse writes or signal damage

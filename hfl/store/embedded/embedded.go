@@ -12,17 +12,20 @@ import (
 	"time"
 
 	"github.com/dyadfs/dyadfs/hfl/store"
+	"github.com/dyadfs/dyadfs/internal/digest"
 )
 
 // Store is the in-process metadata store used when dyadfs runs on a
 // single node. It lives as long as the daemon; on restart the daemon
 // republishes what its backing store holds.
 type Store struct {
-	mu      sync.Mutex
-	records map[string]store.Record
-	// dirs indexes the records by directory: Dir, then Name, then Key.
-	dirs   map[string]*embeddedDir
-	values map[string][]byte
+	mu sync.Mutex
+	// dirs holds the records by directory and name (a slot's Dir and
+	// Name), the directory's listing and its lookups at once: a record
+	// by key as well would cost every file a second entry and its key.
+	dirs    map[string]*embeddedDir
+	records int // in dirs
+	values  map[string][]byte
 	// waiters holds, per key, a channel closed at the next publish of the
 	// key, and how many waits use it (so that abandoned waits leave nothing).
 	waiters map[string]*keyWaiters
@@ -35,7 +38,6 @@ type Store struct {
 // clock in nanoseconds so that they keep growing across daemon restarts.
 func New() *Store {
 	return &Store{
-		records: make(map[string]store.Record),
 		dirs:    make(map[string]*embeddedDir),
 		values:  make(map[string][]byte),
 		waiters: make(map[string]*keyWaiters),
@@ -43,6 +45,9 @@ func New() *Store {
 		closed:  make(chan struct{}),
 	}
 }
+
+// InProcess implements store.InProcess.
+func (s *Store) InProcess() {}
 
 func (s *Store) isClosed() bool {
 	select {
@@ -53,12 +58,55 @@ func (s *Store) isClosed() bool {
 	}
 }
 
-// embeddedDir is one directory's index: its entries' keys by name, and
-// the names in order, sorted again only when a listing needs them after a
-// change.
+// embeddedDir is one directory's records by name, and the names in
+// order, sorted again only when a listing needs them after a change.
 type embeddedDir struct {
-	keys   map[string]string
+	recs   map[string]keptRecord
 	sorted []string // nil after a change
+}
+
+// keptRecord is a record as the store keeps it: without the fields no
+// store keeps (Provisional, Inline) and with a symbolic link's target
+// apart, a third smaller than a Record, for every file of the node.
+type keptRecord struct {
+	path, owner        string
+	size, mtime, alloc int64
+	ino, gen           uint64
+	sum                digest.Sum
+	mode, uid, gid     uint32
+	writing            bool
+	target             *string // nil unless a symbolic link's
+}
+
+func keep(r store.Record) keptRecord {
+	k := keptRecord{path: r.Path, owner: r.Owner, size: r.Size, mtime: r.MtimeNs, alloc: r.Alloc, ino: r.Ino, gen: r.Generation,
+		sum: r.Sum, mode: r.Mode, uid: r.Uid, gid: r.Gid, writing: r.Writing}
+	if r.Target != "" {
+		k.target = &r.Target
+	}
+	return k
+}
+
+func (k *keptRecord) record() store.Record {
+	r := store.Record{Path: k.path, Owner: k.owner, Size: k.size, MtimeNs: k.mtime, Alloc: k.alloc, Ino: k.ino, Generation: k.gen,
+		Sum: k.sum, Mode: k.mode, Uid: k.uid, Gid: k.gid, Writing: k.writing}
+	if k.target != nil {
+		r.Target = *k.target
+	}
+	return r
+}
+
+// lookupLocked returns the record in slot. s.mu must be held.
+func (s *Store) lookupLocked(slot store.Slot) (store.Record, bool) {
+	d := s.dirs[slot.Dir]
+	if d == nil {
+		return store.Record{}, false
+	}
+	k, ok := d.recs[slot.Name]
+	if !ok {
+		return store.Record{}, false
+	}
+	return k.record(), true
 }
 
 // Publish implements store.Store.
@@ -70,16 +118,16 @@ func (s *Store) Publish(ctx context.Context, slot store.Slot, rec store.Record) 
 	defer s.mu.Unlock()
 	s.lastGen++
 	rec.Generation = s.lastGen
-	s.records[slot.Key] = rec
 	d := s.dirs[slot.Dir]
 	if d == nil {
-		d = &embeddedDir{keys: make(map[string]string)}
+		d = &embeddedDir{recs: make(map[string]keptRecord)}
 		s.dirs[slot.Dir] = d
 	}
-	if _, ok := d.keys[slot.Name]; !ok {
+	if _, ok := d.recs[slot.Name]; !ok {
 		d.sorted = nil
+		s.records++
 	}
-	d.keys[slot.Name] = slot.Key
+	d.recs[slot.Name] = keep(rec)
 	if w, ok := s.waiters[slot.Key]; ok {
 		close(w.ch)
 		delete(s.waiters, slot.Key)
@@ -102,8 +150,8 @@ func (s *Store) ListDir(ctx context.Context, dir, after string, limit int) ([]st
 		return nil, nil
 	}
 	if d.sorted == nil {
-		d.sorted = make([]string, 0, len(d.keys))
-		for name := range d.keys {
+		d.sorted = make([]string, 0, len(d.recs))
+		for name := range d.recs {
 			d.sorted = append(d.sorted, name)
 		}
 		sort.Strings(d.sorted)
@@ -114,20 +162,20 @@ func (s *Store) ListDir(ctx context.Context, dir, after string, limit int) ([]st
 	}
 	var out []store.Record
 	for ; i < len(d.sorted) && len(out) < limit; i++ {
-		out = append(out, s.records[d.keys[d.sorted[i]]])
+		k := d.recs[d.sorted[i]]
+		out = append(out, k.record())
 	}
 	return out, nil
 }
 
 // Lookup implements store.Store.
 func (s *Store) Lookup(ctx context.Context, slot store.Slot) (store.Record, error) {
-	key := slot.Key
 	if s.isClosed() {
 		return store.Record{}, store.ErrClosed
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec, ok := s.records[key]
+	rec, ok := s.lookupLocked(slot)
 	if !ok {
 		return store.Record{}, store.ErrNotFound
 	}
@@ -139,7 +187,7 @@ func (s *Store) Wait(ctx context.Context, slot store.Slot, after uint64) (store.
 	key := slot.Key
 	for {
 		s.mu.Lock()
-		if rec, ok := s.records[key]; ok && rec.Generation > after {
+		if rec, ok := s.lookupLocked(slot); ok && rec.Generation > after {
 			s.mu.Unlock()
 			return rec, nil
 		}
@@ -191,20 +239,19 @@ func (s *Store) Remove(ctx context.Context, slot store.Slot, cond store.RemoveCo
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec, ok := s.records[slot.Key]
+	rec, ok := s.lookupLocked(slot)
 	if !ok {
 		return 0, store.ErrNotFound
 	}
 	if !cond.Matches(rec) {
 		return 0, fmt.Errorf("remove %s (generation %d by %s): %w", rec.Path, rec.Generation, rec.Owner, store.ErrConflict)
 	}
-	delete(s.records, slot.Key)
-	if d := s.dirs[slot.Dir]; d != nil && d.keys[slot.Name] == slot.Key {
-		delete(d.keys, slot.Name)
-		d.sorted = nil
-		if len(d.keys) == 0 {
-			delete(s.dirs, slot.Dir)
-		}
+	d := s.dirs[slot.Dir]
+	delete(d.recs, slot.Name)
+	s.records--
+	d.sorted = nil
+	if len(d.recs) == 0 {
+		delete(s.dirs, slot.Dir)
 	}
 	s.lastGen++
 	return s.lastGen, nil
@@ -280,9 +327,9 @@ func (s *Store) Health(ctx context.Context, namespace string) (store.Health, err
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var n int64
-	for k := range s.records {
-		if strings.HasPrefix(k, namespace+"/") {
-			n++
+	for dir, d := range s.dirs {
+		if strings.HasPrefix(dir, namespace+"/") {
+			n += int64(len(d.recs))
 		}
 	}
 	return store.Health{Records: n}, nil
@@ -297,15 +344,10 @@ func (s *Store) Forget(ctx context.Context, namespace string, page int, progress
 	defer s.mu.Unlock()
 	prefix := namespace + "/"
 	n := 0
-	for k := range s.records {
-		if strings.HasPrefix(k, prefix) {
-			delete(s.records, k)
-			n++
-		}
-	}
 	for dir, d := range s.dirs {
 		if strings.HasPrefix(dir, prefix) {
-			n += len(d.keys)
+			n += len(d.recs)
+			s.records -= len(d.recs)
 			delete(s.dirs, dir)
 		}
 	}
@@ -325,7 +367,7 @@ func (s *Store) Forget(ctx context.Context, namespace string, page int, progress
 func (s *Store) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.records)
+	return s.records
 }
 
 // Close implements store.Store.

@@ -25,3 +25,31 @@ func TestAbandonedWaitsLeaveNothing(t *testing.T) {
 		t.Fatalf("%d keys still have waiters after every wait gave up", n)
 	}
 }
+
+// TestKeepsEveryField: what the store keeps of a record in its compact
+// form reads back whole, by lookup and by listing, a link's target
+// included; only what no store keeps (Provisional, Inline) is dropped.
+func TestKeepsEveryField(t *testing.T) {
+	s := New()
+	defer s.Close()
+	ctx := context.Background()
+	full := store.Record{Path: "d/l", Owner: "n1", Size: 5, Mode: 0o120777, Uid: 7, Gid: 8, MtimeNs: 9,
+		Target: "../t", Alloc: 10, Ino: 11, Writing: true}
+	full.Sum[0], full.Sum[15] = 1, 2
+	sent := full
+	sent.Provisional, sent.Inline = true, &store.Inline{}
+	slot := store.Slot{Key: "ns/k", Dir: "ns/d", Name: "l"}
+	out, err := s.Publish(ctx, slot, sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full.Generation = out.Generation
+	got, err := s.Lookup(ctx, slot)
+	if err != nil || got != full {
+		t.Fatalf("looked up %+v, %v; want %+v", got, err, full)
+	}
+	list, err := s.ListDir(ctx, "ns/d", "", 0)
+	if err != nil || len(list) != 1 || list[0] != full {
+		t.Fatalf("listed %+v, %v; want %+v", list, err, full)
+	}
+}
