@@ -65,7 +65,8 @@ type LocatorConfig struct {
 	KeyDepth int
 	KeyBins  int
 	// CacheSize bounds the number of records cached by this daemon on a
-	// single node.
+	// single node whose store is not in its own process (see
+	// store.InProcess).
 	CacheSize int
 	// SingleNode says that no other node uses the store (the embedded
 	// store): the namespace is this node's backing directory, and nothing

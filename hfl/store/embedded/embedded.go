@@ -81,8 +81,8 @@ type keptRecord struct {
 func keep(r store.Record) keptRecord {
 	k := keptRecord{path: r.Path, owner: r.Owner, size: r.Size, mtime: r.MtimeNs, alloc: r.Alloc, ino: r.Ino, gen: r.Generation,
 		sum: r.Sum, mode: r.Mode, uid: r.Uid, gid: r.Gid, writing: r.Writing}
-	if r.Target != "" {
-		k.target = &r.Target
+	if t := r.Target; t != "" {
+		k.target = &t // not &r.Target, which would keep all of r
 	}
 	return k
 }
