@@ -128,8 +128,8 @@ func NewLocator(cfg LocatorConfig, store Store, local LocalIndex, newNotices New
 		return nil, err
 	}
 	l := &Locator{cfg: cfg, keys: cfg.Keys(), store: guardStore(store), local: local, waits: newWaits()}
-	_, inProcess := store.(InProcess)
-	l.notices = newNotices(NoticeEnv{Keys: l.keys, Store: l.store, Local: local, Waits: l.waits, CacheSize: cfg.CacheSize, StoreInProcess: inProcess})
+	inProcess, _ := store.(InProcess)
+	l.notices = newNotices(NoticeEnv{Keys: l.keys, Store: l.store, Local: local, Waits: l.waits, CacheSize: cfg.CacheSize, InProcess: inProcess})
 	return l, nil
 }
 

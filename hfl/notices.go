@@ -71,10 +71,10 @@ type NoticeEnv struct {
 	Waits *Waits
 	// CacheSize bounds the records kept.
 	CacheSize int
-	// StoreInProcess says that Store keeps its records in the daemon's
+	// InProcess is Store, when it keeps its records in the daemon's
 	// memory (see store.InProcess): a cache in front of it would hold
-	// every record twice, each copy as quick to read.
-	StoreInProcess bool
+	// every record twice, each copy as quick to read. Nil otherwise.
+	InProcess InProcess
 }
 
 // InlineMax is the size of the largest file whose bytes travel with the
@@ -138,7 +138,7 @@ type PublishSpent struct {
 // nothing is told.
 func SingleNode(env NoticeEnv) Notices {
 	size := env.CacheSize
-	if env.StoreInProcess {
+	if env.InProcess != nil {
 		size = 0
 	}
 	return &singleNode{env: env, cache: newRecordCache(size)}
@@ -152,9 +152,9 @@ type singleNode struct {
 // kept returns the record of path this node knows without asking: from
 // its cache, or from the store itself when it is in this process.
 func (s *singleNode) kept(path string) (Record, bool) {
-	if s.env.StoreInProcess {
-		rec, err := s.env.Store.Lookup(context.Background(), s.env.Keys.Slot(path))
-		return rec, err == nil
+	if s.env.InProcess != nil {
+		dir, name := SplitPath(path)
+		return s.env.InProcess.Held(s.env.Keys.DirIndex(dir), name)
 	}
 	return s.cache.get(path)
 }

@@ -77,7 +77,9 @@ type Store interface {
 // own memory (the embedded store): a lookup costs what a cache's would, so
 // the locator keeps no second copy of them.
 type InProcess interface {
-	InProcess()
+	// Held returns the record of name in the index of directory dir (a
+	// slot's Dir and Name): a map lookup, with no key to compute.
+	Held(dir, name string) (Record, bool)
 }
 
 // Health is what a store says of itself (see Store.Health).

@@ -46,8 +46,12 @@ func New() *Store {
 	}
 }
 
-// InProcess implements store.InProcess.
-func (s *Store) InProcess() {}
+// Held implements store.InProcess.
+func (s *Store) Held(dir, name string) (store.Record, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lookupLocked(store.Slot{Dir: dir, Name: name})
+}
 
 func (s *Store) isClosed() bool {
 	select {
@@ -96,7 +100,8 @@ func (k *keptRecord) record() store.Record {
 	return r
 }
 
-// lookupLocked returns the record in slot. s.mu must be held.
+// lookupLocked returns the record in slot (by its Dir and Name). s.mu
+// must be held.
 func (s *Store) lookupLocked(slot store.Slot) (store.Record, bool) {
 	d := s.dirs[slot.Dir]
 	if d == nil {

@@ -27,7 +27,7 @@ func TestAbandonedWaitsLeaveNothing(t *testing.T) {
 }
 
 // TestKeepsEveryField: what the store keeps of a record in its compact
-// form reads back whole, by lookup and by listing, a link's target
+// form reads back whole, by lookup, by name and by listing, a link's target
 // included; only what no store keeps (Provisional, Inline) is dropped.
 func TestKeepsEveryField(t *testing.T) {
 	s := New()
@@ -47,6 +47,9 @@ func TestKeepsEveryField(t *testing.T) {
 	got, err := s.Lookup(ctx, slot)
 	if err != nil || got != full {
 		t.Fatalf("looked up %+v, %v; want %+v", got, err, full)
+	}
+	if got, ok := s.Held("ns/d", "l"); !ok || got != full {
+		t.Fatalf("held %+v, %v; want %+v", got, ok, full)
 	}
 	list, err := s.ListDir(ctx, "ns/d", "", 0)
 	if err != nil || len(list) != 1 || list[0] != full {
