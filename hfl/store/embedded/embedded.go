@@ -71,7 +71,7 @@ type embeddedDir struct {
 
 // keptRecord is a record as the store keeps it: without the fields no
 // store keeps (Provisional, Inline) and with a symbolic link's target
-// apart, a third smaller than a Record, for every file of the node.
+// apart: 112 bytes against a Record's 144, for every file of the node.
 type keptRecord struct {
 	path, owner        string
 	size, mtime, alloc int64
