@@ -305,8 +305,8 @@ func serve(c *mountConfig, ready func(error)) (err error) {
 	syscall.Umask(0)
 	// Most of the daemon's heap is what it keeps per file, which stays;
 	// the default GOGC (100) lets the heap grow to twice that before a
-	// collection. Half of it as headroom takes a quarter off the daemon's
-	// memory for a few microseconds of CPU per file (docs/performance.md).
+	// collection. Half of it as headroom takes about a sixth off the daemon's
+	// memory, for CPU within the benchmarks' noise (docs/performance.md).
 	// GOGC in the environment still decides.
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(50)
