@@ -66,6 +66,20 @@ func (g *downStore) Publish(ctx context.Context, slot Slot, rec Record) (Record,
 	return out, g.done(err)
 }
 
+// publishDeferred is Publish for a record nobody waits for: through
+// PublishDeferred if the store groups its commits.
+func (g *downStore) publishDeferred(ctx context.Context, slot Slot, rec Record) (Record, error) {
+	d, ok := g.Store.(Deferring)
+	if !ok {
+		return g.Publish(ctx, slot, rec)
+	}
+	if err := g.check(); err != nil {
+		return Record{}, err
+	}
+	out, err := d.PublishDeferred(ctx, slot, rec)
+	return out, g.done(err)
+}
+
 func (g *downStore) Lookup(ctx context.Context, slot Slot) (Record, error) {
 	if err := g.check(); err != nil {
 		return Record{}, err

@@ -111,7 +111,7 @@ type LocatorStats struct {
 type Locator struct {
 	cfg     LocatorConfig
 	keys    Keyspace
-	store   Store
+	store   *downStore
 	local   LocalIndex
 	waits   *Waits // every wait for a path, whatever ends it
 	notices Notices
@@ -163,6 +163,9 @@ func (l *Locator) Publish(ctx context.Context, rec Record, o PublishOptions) (Re
 	inline := rec.Inline
 	rec.Provisional, rec.Generation, rec.Inline, rec.Writing = false, 0, nil, o.Claim
 	commit := func(ctx context.Context) (Record, error) { return l.store.Publish(ctx, l.Slot(rec.Path), rec) }
+	if o.Deferrable {
+		commit = func(ctx context.Context) (Record, error) { return l.store.publishDeferred(ctx, l.Slot(rec.Path), rec) }
+	}
 	if spent := o.Spent; spent != nil {
 		// Timed only when asked: the untimed publish allocates nothing
 		// more. Added up: a publish that is tried again spends on each try.

@@ -116,6 +116,10 @@ type PublishOptions struct {
 	// with Writing set, so that no node serves its copy any more. The next
 	// publish ends the claim.
 	Claim bool
+	// Deferrable: nothing waits for the commit (a release's publish when
+	// closes do not wait for the store, a retry); a store that groups
+	// its commits may hold it a moment for others to share it.
+	Deferrable bool
 	// Spent, if not nil, adds up where the publish's time went.
 	Spent *PublishSpent
 }

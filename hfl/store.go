@@ -13,6 +13,7 @@ type (
 	RemoveCond = store.RemoveCond
 	Health     = store.Health
 	InProcess  = store.InProcess
+	Deferring  = store.Deferring
 )
 
 // FileIno is the inode number of a file born on node as its local inode

@@ -636,7 +636,8 @@ var (
 	// publishAside: the nodes that hold the path hear of it soon (the
 	// record goes ahead of the commit, with a small file's bytes, for
 	// consumers that wait).
-	publishAside = publishHow{PublishOptions: hfl.PublishOptions{Ahead: true}}
+	// Nothing waits for its commit, which may wait a moment for others.
+	publishAside = publishHow{PublishOptions: hfl.PublishOptions{Ahead: true, Deferrable: true}}
 	// publishTold returns once every node that holds the path heard of
 	// it: a change of names or attributes (a rename, a link, a chmod) is
 	// seen everywhere once the call returns.

@@ -82,6 +82,15 @@ type InProcess interface {
 	Held(dir, name string) (Record, bool)
 }
 
+// Deferring is implemented by a store that commits publishes in groups
+// (etcd's transactions): PublishDeferred is Publish for a record that no
+// caller is held up by (a release's, when closes do not wait for the
+// store; a retry), which may then wait a moment for more publishes to
+// share its commit.
+type Deferring interface {
+	PublishDeferred(ctx context.Context, slot Slot, rec Record) (Record, error)
+}
+
 // Health is what a store says of itself (see Store.Health).
 type Health struct {
 	// Alarms are the store's alarms that refuse writes or signal damage

@@ -218,7 +218,10 @@ type Store struct {
 	commits committer
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store     = (*Store)(nil)
+	_ store.Deferring = (*Store)(nil)
+)
 
 // Open connects to the etcd cluster and checks, within
 // cfg.DialTimeout (or ctx, if shorter), that it answers a read.
@@ -366,6 +369,16 @@ func (s *Store) checkOpen() error {
 // one transaction with the publishes that arrived while the previous
 // one was in flight (see batch.go); its revision is the generation.
 func (s *Store) Publish(ctx context.Context, slot store.Slot, rec store.Record) (store.Record, error) {
+	return s.publish(ctx, slot, rec, false)
+}
+
+// PublishDeferred implements store.Deferring: the publish may wait a
+// moment for others to share its transaction (see batch.go).
+func (s *Store) PublishDeferred(ctx context.Context, slot store.Slot, rec store.Record) (store.Record, error) {
+	return s.publish(ctx, slot, rec, true)
+}
+
+func (s *Store) publish(ctx context.Context, slot store.Slot, rec store.Record, deferrable bool) (store.Record, error) {
 	if err := s.checkOpen(); err != nil {
 		return store.Record{}, err
 	}
@@ -374,7 +387,7 @@ func (s *Store) Publish(ctx context.Context, slot store.Slot, rec store.Record) 
 	if err != nil {
 		return store.Record{}, fmt.Errorf("etcd: publish %q: %w", slot.Key, err)
 	}
-	req := &publishReq{key: s.indexKey(slot), value: string(v), slotKey: slot.Key, done: make(chan struct{})}
+	req := &publishReq{key: s.indexKey(slot), value: string(v), slotKey: slot.Key, deferrable: deferrable, done: make(chan struct{})}
 	s.commits.submit(req)
 	rev, err := s.commits.wait(ctx, req)
 	if err != nil {
