@@ -216,6 +216,11 @@ func (fsys *FS) mountOptions() *gofs.Options {
 		Debug:      fsys.cfg.Debug,
 		Logger:     slog.NewLogLogger(fsys.log.Handler(), slog.LevelDebug),
 		MaxWrite:   1 << 20,
+		// A RELEASE is a background request, and its handler publishes
+		// (with --publish-wait 0, it waits for the commit): at the
+		// kernel's default of 12 in flight, later releases, and the
+		// readahead of readers on this node, queue behind commits.
+		MaxBackground: 64,
 		// O_TRUNC reaches OPEN, where the writer is registered before the
 		// truncation, instead of arriving as a SETATTR after it.
 		// Files read in ranges are opened for direct I/O (see

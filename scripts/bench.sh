@@ -14,7 +14,8 @@
 #   scripts/bench.sh checksum        # what hashing the content costs (producer and consumer)
 #   scripts/bench.sh cost            # what one file costs on two nodes: CPU of etcd and each daemon,
 #                                    # transactions, database bytes, FUSE requests; 16 writers
-#                                    # against one; a ring of 2 and 4 nodes
+#                                    # against one; a ring of 2 and 4 nodes; etcd's CPU by
+#                                    # publishes per transaction
 #   scripts/bench.sh space           # node-local space: what a cache capacity costs (eviction),
 #                                    # and a 1 GiB file read in ranges against fetched whole
 #   scripts/bench.sh compare OLD NEW [ROUNDS]
@@ -101,6 +102,9 @@ fi
 if wants cost; then
 	echo "== what one file costs: two nodes over veth, etcd on tmpfs"
 	bench_test BenchmarkClusterCost | grep -v '^\(goos\|goarch\|pkg\|cpu\|PASS\|ok\|Benchmark\)'
+	echo
+	echo "== what a publish costs etcd and the daemon's client, by publishes per transaction (etcd on tmpfs)"
+	go test -run '^$' -bench BenchmarkEtcdCPUByBatch -benchtime 1x ./hfl/store/etcd/ | grep '^Benchmark'
 fi
 if wants ucx; then
 	echo

@@ -132,6 +132,16 @@ func tmpRoot() string {
 }
 
 // Endpoints returns the client endpoint, "127.0.0.1:port".
+// Pid is the server's process id (for its CPU time in /proc).
+func (s *Server) Pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return 0
+	}
+	return s.proc.Pid
+}
+
 func (s *Server) Endpoints() string { return "127.0.0.1:" + strconv.Itoa(s.clientPort) }
 
 // URL returns the dyadfs store URL of the server, "etcd://127.0.0.1:port".
