@@ -45,7 +45,7 @@ func TestDeferrablePublishes(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := s.deferred.Load(); got != 1 {
-		t.Fatalf("a waited-for publish reached the store as deferred")
+		t.Fatalf("after a waited-for publish, %d publishes reached the store as deferred; want 1", got)
 	}
 	for _, p := range []string{"run/a.dat", "run/b.dat"} {
 		if got, _, err := loc.Record(ctx, p); err != nil || got.Owner != "n1" {

@@ -68,6 +68,8 @@ func BenchmarkClusterCost(b *testing.B) {
 		add(benchRow{name: "1 file (" + mode.name + "): producer daemon CPU", unit: "us", value: us(d.cpu[0]), target: "≤ 300"})
 		add(benchRow{name: "1 file (" + mode.name + "): consumer daemon CPU", unit: "us", value: us(d.cpu[1]), target: "≤ 300"})
 		add(benchRow{name: "1 file (" + mode.name + "): etcd transactions per 100 files", unit: "txn", value: 100 * per(d.txns)})
+		add(benchRow{name: "1 file (" + mode.name + "): etcd write requests per 100 files (Put, Txn, DeleteRange)", unit: "req", value: 100 * per(d.etcdWrites)})
+		add(benchRow{name: "1 file (" + mode.name + "): etcd read requests per 100 files (Range)", unit: "req", value: 100 * per(d.etcdReads)})
 		add(benchRow{name: "1 file (" + mode.name + "): etcd database growth", unit: "B", value: per(d.dbBytes), target: "≤ 300"})
 		add(benchRow{name: "1 file (" + mode.name + "): producer daemon heap allocations", unit: "allocs", value: per(d.allocs[0])})
 		add(benchRow{name: "1 file (" + mode.name + "): consumer daemon heap allocations", unit: "allocs", value: per(d.allocs[1])})
@@ -135,16 +137,20 @@ func closesSince(now, before dmd.CloseStats) dmd.CloseStats {
 
 type cost struct {
 	etcdCPU, txns, dbBytes float64
-	cpu, requests          [2]float64
-	allocs, allocBytes     [2]float64
-	dials                  [2]float64     // connections each daemon opened to the other
-	closes                 dmd.CloseStats // the producer's
-	messages               float64        // notice messages both daemons sent
-	asked                  float64        // questions the consumer sent to the producer's home
+	// etcdWrites, etcdReads: the requests etcd answered (its own
+	// metrics): Put, Txn and DeleteRange; Range.
+	etcdWrites, etcdReads float64
+	cpu, requests         [2]float64
+	allocs, allocBytes    [2]float64
+	dials                 [2]float64     // connections each daemon opened to the other
+	closes                dmd.CloseStats // the producer's
+	messages              float64        // notice messages both daemons sent
+	asked                 float64        // questions the consumer sent to the producer's home
 }
 
 func (c cost) minus(o cost) cost {
-	d := cost{etcdCPU: c.etcdCPU - o.etcdCPU, txns: c.txns - o.txns, dbBytes: c.dbBytes - o.dbBytes}
+	d := cost{etcdCPU: c.etcdCPU - o.etcdCPU, txns: c.txns - o.txns, dbBytes: c.dbBytes - o.dbBytes,
+		etcdWrites: c.etcdWrites - o.etcdWrites, etcdReads: c.etcdReads - o.etcdReads}
 	d.closes = closesSince(c.closes, o.closes)
 	d.messages = c.messages - o.messages
 	d.asked = c.asked - o.asked
@@ -162,6 +168,7 @@ func (c cost) minus(o cost) cost {
 func (c *cluster) costNow(nodes ...*node) cost {
 	var k cost
 	k.etcdCPU = cpuMs(c.etcd.Process.Pid)
+	k.etcdWrites, k.etcdReads = c.etcdRequests()
 	for i, n := range nodes[:2] {
 		st := n.status()
 		k.cpu[i] = cpuMs(n.pid)
@@ -184,6 +191,33 @@ func (c *cluster) costNow(nodes ...*node) cost {
 		}
 	}
 	return k
+}
+
+// etcdRequests counts the requests etcd answered so far, from its metrics
+// (grpc_server_handled_total): writes (Put, Txn, DeleteRange) and reads
+// (Range). Both are 0 if the metrics cannot be read.
+func (c *cluster) etcdRequests() (writes, reads float64) {
+	out, err := exec.Command("ip", "netns", "exec", c.etcdNS, "python3", "-c",
+		`import urllib.request, sys; sys.stdout.write(urllib.request.urlopen("http://`+etcdAddr+`/metrics").read().decode())`).Output()
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if !strings.HasPrefix(line, "grpc_server_handled_total{") || !strings.Contains(line, `grpc_code="OK"`) {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err != nil {
+			continue
+		}
+		switch {
+		case strings.Contains(line, `grpc_method="Range"`):
+			reads += v
+		case strings.Contains(line, `grpc_method="Put"`), strings.Contains(line, `grpc_method="Txn"`), strings.Contains(line, `grpc_method="DeleteRange"`):
+			writes += v
+		}
+	}
+	return writes, reads
 }
 
 // cpuMs is the user and system CPU process pid spent so far, in ms.

@@ -601,14 +601,16 @@ func (d *DMD) notHashed(rel string, err error) {
 	d.retryLater(rel, retryPublish, err)
 }
 
-// publishFile publishes the complete file at rel, whose lstat is st.
+// publishFile publishes the complete file at rel, whose lstat is st, for
+// a caller that waits for it (the start's scan, an open that brought the
+// file from the origin): aside, but at once.
 func (d *DMD) publishFile(ctx context.Context, rel string, st *syscall.Stat_t) error {
 	rec, err := d.fileRecord(rel, -1, st, nil, false)
 	if err != nil {
 		d.notHashed(rel, err)
 		return err
 	}
-	return d.publish(ctx, rec, publishAside)
+	return d.publish(ctx, rec, publishPrompt)
 }
 
 // publishHow says how a publish goes.
@@ -638,6 +640,9 @@ var (
 	// consumers that wait).
 	// Nothing waits for its commit, which may wait a moment for others.
 	publishAside = publishHow{PublishOptions: hfl.PublishOptions{Ahead: true, Deferrable: true}}
+	// publishPrompt is publishAside for a caller that waits for the
+	// commit (no other node is told before it returns).
+	publishPrompt = publishHow{PublishOptions: hfl.PublishOptions{Ahead: true}}
 	// publishTold returns once every node that holds the path heard of
 	// it: a change of names or attributes (a rename, a link, a chmod) is
 	// seen everywhere once the call returns.

@@ -32,9 +32,10 @@ import (
 // extensive), with the same atomicity and the same refusals.
 //
 // A publish that nobody waits for (a release's, when closes do not wait
-// for the store; a retry) may wait a moment for more to join it, once
-// publishes overlap: for as long as the last transaction took, at most
-// maxLinger. A publish that a close waits for ends the wait at once, and
+// for the store; a retry) may wait a moment for more to join it while
+// publishes overlap (more than one is queued, or the transaction that
+// just ended held more than one): for as long as that transaction took,
+// within minLinger and maxLinger. A publish that a close waits for ends the wait at once, and
 // a lone publish never waits: a lone writer's commit is as prompt as
 // before, and a busy node pays one commit for several times the files.
 
@@ -85,10 +86,16 @@ type committer struct {
 	// wait (sent under mu, so none is left over after it).
 	lingering bool
 	poke      chan struct{}
-	// last is the size of the last transaction and took how long it
-	// took: a linger follows overlap, and lasts about a commit.
-	last int
-	took time.Duration
+	// last is the size of the last transaction, took how long it took
+	// and ended when: a linger follows overlap, and lasts about a commit.
+	last  int
+	took  time.Duration
+	ended time.Time
+
+	// For tests: do commits a batch (nil: commit), and longest bounds a
+	// linger (0: maxLinger).
+	do      func([]*publishReq)
+	longest time.Duration
 
 	// Counted for the status: transactions and the publishes they held.
 	txns, publishes uint64
@@ -137,17 +144,21 @@ func (c *committer) run() {
 			return
 		}
 		start := time.Now()
-		c.commit(batch)
-		took := time.Since(start)
+		if c.do != nil {
+			c.do(batch)
+		} else {
+			c.commit(batch)
+		}
+		end := time.Now()
 		c.mu.Lock()
-		c.last, c.took = len(batch), took
+		c.last, c.took, c.ended = len(batch), end.Sub(start), end
 		c.mu.Unlock()
 	}
 }
 
 // linger waits a moment before a transaction of deferrable publishes
-// while publishes overlap (the last transaction held more than one, or
-// more than one is queued), so that more join it. It returns at once
+// while publishes overlap (more than one is queued, or the transaction
+// that ended just now held more than one), so that more join it. It returns at once
 // otherwise, and as soon as a publish that a caller waits for comes, a
 // transaction's worth is queued, or the store closes.
 func (c *committer) linger() {
@@ -158,10 +169,17 @@ func (c *committer) linger() {
 			n++
 		}
 	}
-	wait, ok := lingerFor(n, c.urgent, c.max, c.last, c.took)
+	last := c.last
+	if time.Since(c.ended) > max(maxLinger, c.longest) {
+		last = 0 // publishes overlapped a while ago, not now
+	}
+	wait, ok := lingerFor(n, c.urgent, c.max, last, c.took)
 	if !ok {
 		c.mu.Unlock()
 		return
+	}
+	if c.longest > 0 {
+		wait = c.longest
 	}
 	if c.poke == nil {
 		c.poke = make(chan struct{}, 1)

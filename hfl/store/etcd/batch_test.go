@@ -167,7 +167,8 @@ func TestEtcdGroupCommitSplits(t *testing.T) {
 // after another while others are in flight (a busy node's releases), and
 // among them some that callers wait for, all land, each with the
 // generation it was told, in fewer transactions than publishes; refused,
-// each hears the refusal.
+// each hears the refusal and none lands. (What ends a linger is in
+// TestLingerEnds.)
 func TestEtcdDeferredPublishes(t *testing.T) {
 	srv := etcdtest.Start(t)
 	ctx := testCtx(t)
@@ -200,5 +201,8 @@ func TestEtcdDeferredPublishes(t *testing.T) {
 		if !errors.Is(err, store.ErrNoSpace) {
 			t.Fatalf("deferred publish %d into a full etcd: %v; want store.ErrNoSpace", i, err)
 		}
+	}
+	if h, err := fs.Health(ctx, "job"); err != nil || h.Records != 0 {
+		t.Fatalf("records after refused publishes: %+v, %v; want none", h, err)
 	}
 }

@@ -95,10 +95,11 @@ func openEtcdB(b *testing.B, endpoint string) *etcd.Store {
 
 // BenchmarkEtcdCPUByBatch measures what one publish costs etcd and the
 // publishing daemon's client as more publishes share a transaction: k
-// publishes at once, again and again, make transactions of k. A lone
-// writer's waiting close is k = 1; a busy node's releases and many
-// writers make larger ones (see batch.go). README's "What one file costs"
-// quotes these rows.
+// publishes at once, again and again (the first of each round usually
+// goes alone, so files/txn says what the transactions held). A lone
+// writer's waiting close makes transactions of one; a busy node's
+// releases and many writers make larger ones (see batch.go).
+// scripts/bench.sh cost runs it; docs/performance.md quotes it.
 func BenchmarkEtcdCPUByBatch(b *testing.B) {
 	srv := etcdtest.Start(b)
 	ctx := context.Background()

@@ -132,6 +132,8 @@ func tmpRoot() string {
 }
 
 // Endpoints returns the client endpoint, "127.0.0.1:port".
+func (s *Server) Endpoints() string { return "127.0.0.1:" + strconv.Itoa(s.clientPort) }
+
 // Pid is the server's process id (for its CPU time in /proc).
 func (s *Server) Pid() int {
 	s.mu.Lock()
@@ -141,8 +143,6 @@ func (s *Server) Pid() int {
 	}
 	return s.proc.Pid
 }
-
-func (s *Server) Endpoints() string { return "127.0.0.1:" + strconv.Itoa(s.clientPort) }
 
 // URL returns the dyadfs store URL of the server, "etcd://127.0.0.1:port".
 func (s *Server) URL() string {
