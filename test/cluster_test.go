@@ -318,6 +318,10 @@ func (n *node) mountArgs() []string {
 		// For developers: each daemon's CPU profile, until it unmounts.
 		args = append(args, "--cpu-profile", filepath.Join(dir, fmt.Sprintf("%s-%s-%d.prof", n.c.namespace, n.name, time.Now().UnixNano())))
 	}
+	if dir := os.Getenv("DYADFS_TEST_ALLOC_PROFILES"); dir != "" {
+		// For developers: each daemon's allocations, at unmount.
+		args = append(args, "--alloc-profile", filepath.Join(dir, fmt.Sprintf("%s-%s-%d.alloc", n.c.namespace, n.name, time.Now().UnixNano())))
+	}
 	return append(append(args, n.flags...), n.c.mnt)
 }
 
