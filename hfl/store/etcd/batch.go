@@ -35,9 +35,10 @@ import (
 // for the store; a retry) may wait a moment for more to join it while
 // publishes overlap (more than one is queued, or the transaction that
 // just ended held more than one): for as long as that transaction took,
-// within minLinger and maxLinger. A publish that a close waits for ends the wait at once, and
-// a lone publish never waits: a lone writer's commit is as prompt as
-// before, and a busy node pays one commit for several times the files.
+// within minLinger and maxLinger. A publish that a caller waits for
+// ends the wait at once, and a publish that comes alone never waits: a
+// lone writer's commit is as prompt as before, and a busy node pays one
+// commit for several times the files.
 
 // maxBatch is how many publishes one transaction takes at most: each is
 // one put, and etcd's default limit is 128 operations (--max-txn-ops).
