@@ -59,24 +59,20 @@ func (g *downStore) done(err error) error {
 }
 
 func (g *downStore) Publish(ctx context.Context, slot Slot, rec Record) (Record, error) {
-	if err := g.check(); err != nil {
-		return Record{}, err
-	}
-	out, err := g.Store.Publish(ctx, slot, rec)
-	return out, g.done(err)
+	return g.publish(ctx, slot, rec, false)
 }
 
-// publishDeferred is Publish for a record nobody waits for: through
-// PublishDeferred if the store groups its commits.
-func (g *downStore) publishDeferred(ctx context.Context, slot Slot, rec Record) (Record, error) {
-	d, ok := g.Store.(Deferring)
-	if !ok {
-		return g.Publish(ctx, slot, rec)
-	}
+// publish is Publish; with deferrable, for a record nobody waits for,
+// through PublishDeferred if the store groups its commits.
+func (g *downStore) publish(ctx context.Context, slot Slot, rec Record, deferrable bool) (Record, error) {
 	if err := g.check(); err != nil {
 		return Record{}, err
 	}
-	out, err := d.PublishDeferred(ctx, slot, rec)
+	commit := g.Store.Publish
+	if d, ok := g.Store.(Deferring); ok && deferrable {
+		commit = d.PublishDeferred
+	}
+	out, err := commit(ctx, slot, rec)
 	return out, g.done(err)
 }
 

@@ -162,9 +162,8 @@ func (l *Locator) HandleMessage(ctx context.Context, from string, msg []byte) ([
 func (l *Locator) Publish(ctx context.Context, rec Record, o PublishOptions) (Record, error) {
 	inline := rec.Inline
 	rec.Provisional, rec.Generation, rec.Inline, rec.Writing = false, 0, nil, o.Claim
-	commit := func(ctx context.Context) (Record, error) { return l.store.Publish(ctx, l.Slot(rec.Path), rec) }
-	if o.Deferrable {
-		commit = func(ctx context.Context) (Record, error) { return l.store.publishDeferred(ctx, l.Slot(rec.Path), rec) }
+	commit := func(ctx context.Context) (Record, error) {
+		return l.store.publish(ctx, l.Slot(rec.Path), rec, o.Deferrable)
 	}
 	if spent := o.Spent; spent != nil {
 		// Timed only when asked: the untimed publish allocates nothing

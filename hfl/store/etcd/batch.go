@@ -159,9 +159,9 @@ func (c *committer) run() {
 
 // linger waits a moment before a transaction of deferrable publishes
 // while publishes overlap (more than one is queued, or the transaction
-// that ended just now held more than one), so that more join it. It returns at once
-// otherwise, and as soon as a publish that a caller waits for comes, a
-// transaction's worth is queued, or the store closes.
+// that ended just now held more than one), so that more join it. It
+// returns at once otherwise, and as soon as a publish that a caller waits
+// for comes, a transaction's worth is queued, or the store closes.
 func (c *committer) linger() {
 	c.mu.Lock()
 	n := 0
