@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/dyadfs/dyadfs/hfl/store"
@@ -25,6 +26,10 @@ type Store struct {
 	// by key as well would cost every file a second entry and its key.
 	dirs    map[string]*embeddedDir
 	records int // in dirs
+	// owners are the records' owners, by index (see keptRecord), and
+	// targets the symbolic links' targets, by path.
+	owners  []string
+	targets map[string]string
 	values  map[string][]byte
 	// waiters holds, per key, a channel closed at the next publish of the
 	// key, and how many waits use it (so that abandoned waits leave nothing).
@@ -39,6 +44,7 @@ type Store struct {
 func New() *Store {
 	return &Store{
 		dirs:    make(map[string]*embeddedDir),
+		targets: make(map[string]string),
 		values:  make(map[string][]byte),
 		waiters: make(map[string]*keyWaiters),
 		lastGen: uint64(time.Now().UnixNano()),
@@ -64,41 +70,57 @@ func (s *Store) isClosed() bool {
 
 // embeddedDir is one directory's records by name, and the names in
 // order, sorted again only when a listing needs them after a change.
+// The map holds pointers: a map's slots are allocated by the power of
+// two, so a slot of 24 bytes wastes less of that than one of the record's.
 type embeddedDir struct {
-	recs   map[string]keptRecord
+	recs   map[string]*keptRecord
 	sorted []string // nil after a change
 }
 
-// keptRecord is a record as the store keeps it: without the fields no
-// store keeps (Provisional, Inline) and with a symbolic link's target
-// apart: 112 bytes against a Record's 144, for every file of the node.
+// keptRecord is a record as the store keeps it, for every file of the
+// node: 96 bytes against a Record's 144. Left out are the fields no store
+// keeps (Provisional, Inline); the owner is an index into Store.owners
+// (a node keeps its own files, and few others); a symbolic link's target
+// is in Store.targets.
 type keptRecord struct {
-	path, owner        string
+	path               string
 	size, mtime, alloc int64
 	ino, gen           uint64
 	sum                digest.Sum
 	mode, uid, gid     uint32
+	owner              uint32
 	writing            bool
-	target             *string // nil unless a symbolic link's
 }
 
-func keep(r store.Record) keptRecord {
-	k := keptRecord{path: r.Path, owner: r.Owner, size: r.Size, mtime: r.MtimeNs, alloc: r.Alloc, ino: r.Ino, gen: r.Generation,
-		sum: r.Sum, mode: r.Mode, uid: r.Uid, gid: r.Gid, writing: r.Writing}
-	if t := r.Target; t != "" {
-		k.target = &t // not &r.Target, which would keep all of r
+// keep returns rec as kept; s.mu must be held.
+func (s *Store) keep(r store.Record) keptRecord {
+	return keptRecord{path: r.Path, owner: s.ownerIndex(r.Owner), size: r.Size, mtime: r.MtimeNs, alloc: r.Alloc, ino: r.Ino,
+		gen: r.Generation, sum: r.Sum, mode: r.Mode, uid: r.Uid, gid: r.Gid, writing: r.Writing}
+}
+
+// ownerIndex returns owner's index in s.owners, adding it if new; s.mu
+// must be held.
+func (s *Store) ownerIndex(owner string) uint32 {
+	for i, o := range s.owners {
+		if o == owner {
+			return uint32(i)
+		}
 	}
-	return k
+	s.owners = append(s.owners, owner)
+	return uint32(len(s.owners) - 1)
 }
 
-func (k *keptRecord) record() store.Record {
-	r := store.Record{Path: k.path, Owner: k.owner, Size: k.size, MtimeNs: k.mtime, Alloc: k.alloc, Ino: k.ino, Generation: k.gen,
-		Sum: k.sum, Mode: k.mode, Uid: k.uid, Gid: k.gid, Writing: k.writing}
-	if k.target != nil {
-		r.Target = *k.target
+// record returns k as a Record; s.mu must be held.
+func (s *Store) record(k *keptRecord) store.Record {
+	r := store.Record{Path: k.path, Owner: s.owners[k.owner], Size: k.size, MtimeNs: k.mtime, Alloc: k.alloc, Ino: k.ino,
+		Generation: k.gen, Sum: k.sum, Mode: k.mode, Uid: k.uid, Gid: k.gid, Writing: k.writing}
+	if k.isLink() {
+		r.Target = s.targets[k.path]
 	}
 	return r
 }
+
+func (k *keptRecord) isLink() bool { return k.mode&syscall.S_IFMT == syscall.S_IFLNK }
 
 // lookupLocked returns the record in slot (by its Dir and Name). s.mu
 // must be held.
@@ -111,7 +133,7 @@ func (s *Store) lookupLocked(slot store.Slot) (store.Record, bool) {
 	if !ok {
 		return store.Record{}, false
 	}
-	return k.record(), true
+	return s.record(k), true
 }
 
 // Publish implements store.Store.
@@ -125,14 +147,22 @@ func (s *Store) Publish(ctx context.Context, slot store.Slot, rec store.Record) 
 	rec.Generation = s.lastGen
 	d := s.dirs[slot.Dir]
 	if d == nil {
-		d = &embeddedDir{recs: make(map[string]keptRecord)}
+		d = &embeddedDir{recs: make(map[string]*keptRecord)}
 		s.dirs[slot.Dir] = d
 	}
-	if _, ok := d.recs[slot.Name]; !ok {
+	k, ok := d.recs[slot.Name]
+	if !ok {
+		k = new(keptRecord)
+		d.recs[slot.Name] = k
 		d.sorted = nil
 		s.records++
+	} else if k.isLink() {
+		delete(s.targets, k.path)
 	}
-	d.recs[slot.Name] = keep(rec)
+	*k = s.keep(rec)
+	if k.isLink() {
+		s.targets[k.path] = rec.Target
+	}
 	if w, ok := s.waiters[slot.Key]; ok {
 		close(w.ch)
 		delete(s.waiters, slot.Key)
@@ -167,8 +197,7 @@ func (s *Store) ListDir(ctx context.Context, dir, after string, limit int) ([]st
 	}
 	var out []store.Record
 	for ; i < len(d.sorted) && len(out) < limit; i++ {
-		k := d.recs[d.sorted[i]]
-		out = append(out, k.record())
+		out = append(out, s.record(d.recs[d.sorted[i]]))
 	}
 	return out, nil
 }
@@ -252,6 +281,9 @@ func (s *Store) Remove(ctx context.Context, slot store.Slot, cond store.RemoveCo
 		return 0, fmt.Errorf("remove %s (generation %d by %s): %w", rec.Path, rec.Generation, rec.Owner, store.ErrConflict)
 	}
 	d := s.dirs[slot.Dir]
+	if k := d.recs[slot.Name]; k.isLink() {
+		delete(s.targets, k.path)
+	}
 	delete(d.recs, slot.Name)
 	s.records--
 	d.sorted = nil
@@ -353,6 +385,11 @@ func (s *Store) Forget(ctx context.Context, namespace string, page int, progress
 		if strings.HasPrefix(dir, prefix) {
 			n += len(d.recs)
 			s.records -= len(d.recs)
+			for _, k := range d.recs {
+				if k.isLink() {
+					delete(s.targets, k.path)
+				}
+			}
 			delete(s.dirs, dir)
 		}
 	}

@@ -56,3 +56,44 @@ func TestKeepsEveryField(t *testing.T) {
 		t.Fatalf("listed %+v, %v; want %+v", list, err, full)
 	}
 }
+
+// TestLinkTargetsGoWithTheirRecords: a link's target, kept apart from its
+// record, goes when the link is replaced by a file, removed or forgotten,
+// and each record keeps its own owner.
+func TestLinkTargetsGoWithTheirRecords(t *testing.T) {
+	s := New()
+	defer s.Close()
+	ctx := context.Background()
+	link := store.Slot{Key: "ns/k1", Dir: "ns/d", Name: "l"}
+	other := store.Slot{Key: "ns/k2", Dir: "ns/d", Name: "m"}
+	mustPublish := func(slot store.Slot, r store.Record) {
+		t.Helper()
+		if _, err := s.Publish(ctx, slot, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustPublish(link, store.Record{Path: "d/l", Owner: "n1", Mode: 0o120777, Target: "a"})
+	mustPublish(other, store.Record{Path: "d/m", Owner: "n2", Mode: 0o120777, Target: "b"})
+	mustPublish(link, store.Record{Path: "d/l", Owner: "n2", Mode: 0o100644, Size: 3})
+	if got, _ := s.Lookup(ctx, link); got.Target != "" || got.Owner != "n2" || got.Size != 3 {
+		t.Fatalf("a link replaced by a file reads %+v", got)
+	}
+	if got, _ := s.Lookup(ctx, other); got.Target != "b" || got.Owner != "n2" {
+		t.Fatalf("the other link reads %+v", got)
+	}
+	if _, err := s.Remove(ctx, other, store.RemoveCond{}); err != nil {
+		t.Fatal(err)
+	}
+	mustPublish(link, store.Record{Path: "d/l", Owner: "n1", Mode: 0o120777, Target: "c"})
+	if got, _ := s.Lookup(ctx, link); got.Target != "c" || got.Owner != "n1" {
+		t.Fatalf("a file replaced by a link reads %+v", got)
+	}
+	if _, err := s.Forget(ctx, "ns", 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.targets) != 0 || s.records != 0 {
+		t.Fatalf("after removing and forgetting every link, %d targets and %d records are kept", len(s.targets), s.records)
+	}
+}
