@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dyadfs/dyadfs/internal/workers"
 	"github.com/dyadfs/dyadfs/metrics"
 )
 
@@ -220,7 +221,7 @@ func (f *Fetcher) Fetch(ctx context.Context, rec Version) error {
 		call = &fetchCall{done: make(chan struct{})}
 		f.inflight[rec.Path] = call
 		f.wg.Add(1)
-		go f.run(call, rec)
+		workers.Go(func() { f.run(call, rec) })
 	}
 	f.mu.Unlock()
 	if joined {

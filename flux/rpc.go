@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"github.com/dyadfs/dyadfs/internal/workers"
 )
 
 // Service is a service this handle registered with its broker: requests
@@ -147,7 +149,7 @@ func (s *Service) request(msg *C.flux_msg_t) {
 	var userid C.uint32_t
 	C.flux_msg_get_userid(msg, &userid)
 	r := &request{h: s.h, msg: C.flux_msg_incref(msg), topic: t, payload: C.GoBytes(data, C.int(n)), userid: uint32(userid)}
-	go fn(r)
+	workers.Go(func() { fn(r) })
 }
 
 // request is a Request; msg is held (incref) until it is answered.

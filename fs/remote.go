@@ -11,6 +11,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/dyadfs/dyadfs/hfl"
+	"github.com/dyadfs/dyadfs/internal/workers"
 )
 
 // remoteNode is a file or a symbolic link that the namespace has and this
@@ -231,7 +232,7 @@ func (r *remoteNode) setattrAt(ctx context.Context, rel string, in *fuse.SetAttr
 // forget tells the kernel, aside, to look rel up again: the loopback shows
 // what is here now.
 func (fsys *FS) forget(rel string) {
-	go fsys.forgetNow(rel)
+	workers.Go(func() { fsys.forgetNow(rel) })
 }
 
 // forgetNow drops the kernel's entry of rel, if it has one: go-fuse knows

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"reflect"
 	"sync"
+
+	"github.com/dyadfs/dyadfs/internal/workers"
 )
 
 // A FUSE request's context (go-fuse's fuse.Context) is not one of the
@@ -77,7 +79,7 @@ func (in *interrupts) watch(done <-chan struct{}, err func() error, cancel conte
 	if w == nil {
 		w = &interruptWatcher{changed: make(chan struct{}, 1), waits: make(map[*interruptWatch]struct{})}
 		in.watchers = append(in.watchers, w)
-		go in.run(w)
+		workers.Go(func() { in.run(w) })
 	}
 	w.waits[iw] = struct{}{}
 	in.mu.Unlock()

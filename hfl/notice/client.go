@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dyadfs/dyadfs/hfl"
+	"github.com/dyadfs/dyadfs/internal/workers"
 )
 
 // The client half of the protocol: what the locator asks of it, as this
@@ -61,7 +62,7 @@ func (n *Protocol) Removed(ctx context.Context, path string, gen uint64, sync bo
 	if sync {
 		n.tellHomeSync(ctx, msg, path, hfl.Record{}, false)
 	} else {
-		go n.tellHomeSync(n.ctx, msg, path, hfl.Record{}, false)
+		workers.Go(func() { n.tellHomeSync(n.ctx, msg, path, hfl.Record{}, false) })
 	}
 }
 
@@ -389,7 +390,7 @@ func (n *Protocol) ask(ctx context.Context, p string, after uint64, withAhead bo
 // when the home was told (or given up on).
 func (n *Protocol) tellHome(rec hfl.Record, publish uint64, after <-chan struct{}) <-chan struct{} {
 	done := make(chan struct{})
-	go func() {
+	workers.Go(func() {
 		defer close(done)
 		if after != nil {
 			select {
@@ -406,7 +407,7 @@ func (n *Protocol) tellHome(rec hfl.Record, publish uint64, after <-chan struct{
 			tries = 20
 		}
 		n.deliver(n.ctx, msg, rec.Path, rec, !rec.Provisional, tries)
-	}()
+	})
 	return done
 }
 
@@ -452,7 +453,7 @@ func (n *Protocol) deliver(ctx context.Context, msg notice, p string, rec hfl.Re
 				// takes it as told (two nodes wrote the path at once,
 				// and this one lost), aside: taking it may tell the
 				// kernel, which a request must not wait for.
-				go n.holder.broken(home.Node, p, r.Rec, r.Gen, false, false, false)
+				workers.Go(func() { n.holder.broken(home.Node, p, r.Rec, r.Gen, false, false, false) })
 				return true
 			}
 			if pr, ok := n.holder.promiseFrom(home, r, epoch, sent); ok && (msg.Rec == nil || !msg.Rec.Provisional) {

@@ -2,12 +2,13 @@ package notice
 
 import (
 	"context"
-	"github.com/dyadfs/dyadfs/hfl"
-	"github.com/dyadfs/dyadfs/internal/every"
 	"path"
-
 	"sync"
 	"time"
+
+	"github.com/dyadfs/dyadfs/hfl"
+	"github.com/dyadfs/dyadfs/internal/every"
+	"github.com/dyadfs/dyadfs/internal/workers"
 )
 
 // The home side of notices: for the directories this node is home of, what
@@ -332,10 +333,10 @@ func (h *homeSide) tellAndForward(ctx context.Context, p string, targets []targe
 		return
 	}
 	done := make(chan struct{})
-	go func() {
+	workers.Go(func() {
 		defer close(done)
 		h.forward(ctx, *fwd, p, home)
-	}()
+	})
 	h.tell(ctx, p, targets, msg, sync)
 	<-done
 }
@@ -482,7 +483,7 @@ func (h *homeSide) tell(ctx context.Context, p string, targets []target, msg not
 	n := h.n
 	if !wait {
 		for _, t := range targets {
-			go h.tellOne(n.ctx, p, t, msg, false)
+			workers.Go(func() { h.tellOne(n.ctx, p, t, msg, false) })
 		}
 		return
 	}
@@ -493,10 +494,10 @@ func (h *homeSide) tell(ctx context.Context, p string, targets []target, msg not
 	var wg sync.WaitGroup
 	for _, t := range targets {
 		wg.Add(1)
-		go func() {
+		workers.Go(func() {
 			defer wg.Done()
 			h.tellOne(ctx, p, t, msg, true)
-		}()
+		})
 	}
 	wg.Wait()
 }

@@ -4,13 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/dyadfs/dyadfs/hfl"
-	"github.com/dyadfs/dyadfs/internal/every"
 	"log/slog"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/dyadfs/dyadfs/hfl"
+	"github.com/dyadfs/dyadfs/internal/every"
+	"github.com/dyadfs/dyadfs/internal/workers"
 )
 
 // Notices keep every node's view of the namespace coherent without a round
@@ -465,11 +467,11 @@ func (n *Protocol) sendNow(ctx context.Context, m hfl.Member, b []byte) ([]byte,
 
 // sendAside sends a notice without waiting for it; failures only count.
 func (n *Protocol) sendAside(m hfl.Member, msg notice) {
-	go func() {
+	workers.Go(func() {
 		if _, err := n.send(n.ctx, m, msg); err != nil && n.ctx.Err() == nil {
 			n.log.Debug("notice not delivered", "to", m.Node, "kind", msg.Kind, "path", msg.Path, "err", err)
 		}
-	}()
+	})
 }
 
 // withBytes returns rec with a small file's bytes, if this node holds them

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/dyadfs/dyadfs/hfl"
+	"github.com/dyadfs/dyadfs/internal/workers"
 )
 
 // Notices to one node go as the messages of one connection: a message is
@@ -131,7 +132,7 @@ func (o *outbox) next() {
 		o.busy = false
 		return
 	}
-	go func() {
+	workers.Go(func() {
 		for {
 			batch := o.take()
 			if batch == nil {
@@ -150,7 +151,7 @@ func (o *outbox) next() {
 				}
 			}
 		}
-	}()
+	})
 }
 
 // take takes the next batch off the queue, or, with none left, makes the

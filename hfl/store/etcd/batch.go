@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dyadfs/dyadfs/hfl/store"
+	"github.com/dyadfs/dyadfs/internal/workers"
 )
 
 // Group commit. Publishes that arrive while a transaction is in flight go
@@ -119,7 +120,7 @@ func (c *committer) submit(req *publishReq) {
 	c.running = true
 	c.mu.Unlock()
 	if start {
-		go c.run()
+		workers.Go(c.run)
 	}
 }
 
