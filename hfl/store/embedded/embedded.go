@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/dyadfs/dyadfs/hfl/store"
@@ -27,9 +26,9 @@ type Store struct {
 	dirs    map[string]*embeddedDir
 	records int // in dirs
 	// owners are the records' owners, by index (see keptRecord), and
-	// targets the symbolic links' targets, by path.
+	// targets the symbolic links' targets, by record.
 	owners  []string
-	targets map[string]string
+	targets map[*keptRecord]string
 	values  map[string][]byte
 	// waiters holds, per key, a channel closed at the next publish of the
 	// key, and how many waits use it (so that abandoned waits leave nothing).
@@ -44,7 +43,7 @@ type Store struct {
 func New() *Store {
 	return &Store{
 		dirs:    make(map[string]*embeddedDir),
-		targets: make(map[string]string),
+		targets: make(map[*keptRecord]string),
 		values:  make(map[string][]byte),
 		waiters: make(map[string]*keyWaiters),
 		lastGen: uint64(time.Now().UnixNano()),
@@ -81,7 +80,8 @@ type embeddedDir struct {
 // node: 96 bytes against a Record's 144. Left out are the fields no store
 // keeps (Provisional, Inline); the owner is an index into Store.owners
 // (a node keeps its own files, and few others); a symbolic link's target
-// is in Store.targets.
+// is in Store.targets, by the record's address (a publish rewrites a
+// record in place).
 type keptRecord struct {
 	path               string
 	size, mtime, alloc int64
@@ -89,13 +89,13 @@ type keptRecord struct {
 	sum                digest.Sum
 	mode, uid, gid     uint32
 	owner              uint32
-	writing            bool
+	writing, hasTarget bool
 }
 
 // keep returns rec as kept; s.mu must be held.
 func (s *Store) keep(r store.Record) keptRecord {
 	return keptRecord{path: r.Path, owner: s.ownerIndex(r.Owner), size: r.Size, mtime: r.MtimeNs, alloc: r.Alloc, ino: r.Ino,
-		gen: r.Generation, sum: r.Sum, mode: r.Mode, uid: r.Uid, gid: r.Gid, writing: r.Writing}
+		gen: r.Generation, sum: r.Sum, mode: r.Mode, uid: r.Uid, gid: r.Gid, writing: r.Writing, hasTarget: r.Target != ""}
 }
 
 // ownerIndex returns owner's index in s.owners, adding it if new; s.mu
@@ -114,13 +114,11 @@ func (s *Store) ownerIndex(owner string) uint32 {
 func (s *Store) record(k *keptRecord) store.Record {
 	r := store.Record{Path: k.path, Owner: s.owners[k.owner], Size: k.size, MtimeNs: k.mtime, Alloc: k.alloc, Ino: k.ino,
 		Generation: k.gen, Sum: k.sum, Mode: k.mode, Uid: k.uid, Gid: k.gid, Writing: k.writing}
-	if k.isLink() {
-		r.Target = s.targets[k.path]
+	if k.hasTarget {
+		r.Target = s.targets[k]
 	}
 	return r
 }
-
-func (k *keptRecord) isLink() bool { return k.mode&syscall.S_IFMT == syscall.S_IFLNK }
 
 // lookupLocked returns the record in slot (by its Dir and Name). s.mu
 // must be held.
@@ -156,12 +154,12 @@ func (s *Store) Publish(ctx context.Context, slot store.Slot, rec store.Record) 
 		d.recs[slot.Name] = k
 		d.sorted = nil
 		s.records++
-	} else if k.isLink() {
-		delete(s.targets, k.path)
+	} else if k.hasTarget {
+		delete(s.targets, k)
 	}
 	*k = s.keep(rec)
-	if k.isLink() {
-		s.targets[k.path] = rec.Target
+	if k.hasTarget {
+		s.targets[k] = rec.Target
 	}
 	if w, ok := s.waiters[slot.Key]; ok {
 		close(w.ch)
@@ -281,9 +279,7 @@ func (s *Store) Remove(ctx context.Context, slot store.Slot, cond store.RemoveCo
 		return 0, fmt.Errorf("remove %s (generation %d by %s): %w", rec.Path, rec.Generation, rec.Owner, store.ErrConflict)
 	}
 	d := s.dirs[slot.Dir]
-	if k := d.recs[slot.Name]; k.isLink() {
-		delete(s.targets, k.path)
-	}
+	delete(s.targets, d.recs[slot.Name])
 	delete(d.recs, slot.Name)
 	s.records--
 	d.sorted = nil
@@ -386,9 +382,7 @@ func (s *Store) Forget(ctx context.Context, namespace string, page int, progress
 			n += len(d.recs)
 			s.records -= len(d.recs)
 			for _, k := range d.recs {
-				if k.isLink() {
-					delete(s.targets, k.path)
-				}
+				delete(s.targets, k)
 			}
 			delete(s.dirs, dir)
 		}

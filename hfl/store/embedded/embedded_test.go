@@ -59,7 +59,8 @@ func TestKeepsEveryField(t *testing.T) {
 
 // TestLinkTargetsGoWithTheirRecords: a link's target, kept apart from its
 // record, goes when the link is replaced by a file, removed or forgotten,
-// and each record keeps its own owner.
+// and not with the link of the same path in another namespace; each
+// record keeps its own owner.
 func TestLinkTargetsGoWithTheirRecords(t *testing.T) {
 	s := New()
 	defer s.Close()
@@ -72,6 +73,8 @@ func TestLinkTargetsGoWithTheirRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	elsewhere := store.Slot{Key: "ns2/k1", Dir: "ns2/d", Name: "l"}
+	mustPublish(elsewhere, store.Record{Path: "d/l", Owner: "n3", Mode: 0o120777, Target: "z"})
 	mustPublish(link, store.Record{Path: "d/l", Owner: "n1", Mode: 0o120777, Target: "a"})
 	mustPublish(other, store.Record{Path: "d/m", Owner: "n2", Mode: 0o120777, Target: "b"})
 	mustPublish(link, store.Record{Path: "d/l", Owner: "n2", Mode: 0o100644, Size: 3})
@@ -89,6 +92,12 @@ func TestLinkTargetsGoWithTheirRecords(t *testing.T) {
 		t.Fatalf("a file replaced by a link reads %+v", got)
 	}
 	if _, err := s.Forget(ctx, "ns", 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Lookup(ctx, elsewhere); got.Target != "z" || got.Owner != "n3" {
+		t.Fatalf("the same path's link in another namespace reads %+v after the first was forgotten", got)
+	}
+	if _, err := s.Forget(ctx, "ns2", 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	s.mu.Lock()
