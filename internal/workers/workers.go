@@ -5,7 +5,9 @@
 // message to another daemon, a transfer) grows it four or five times. The
 // daemons started such a goroutine for every file, and growing stacks took
 // a tenth of a producer's CPU in profiles. A worker that ran a function
-// waits for the next one with the stack it grew.
+// waits for the next one with the stack it grew. (A goroutine dump shows
+// such a function under workers.worker, created by whichever call
+// started that worker.)
 package workers
 
 import "sync/atomic"
