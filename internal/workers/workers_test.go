@@ -1,9 +1,11 @@
 package workers
 
 import (
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/dyadfs/dyadfs/internal/poll"
 )
 
 // TestGoRunsEveryFunction: every function runs, on its own goroutine (one
@@ -11,38 +13,24 @@ import (
 func TestGoRunsEveryFunction(t *testing.T) {
 	const n = 100
 	release := make(chan struct{})
-	var started, ended sync.WaitGroup
-	started.Add(n)
-	ended.Add(n)
+	var started, ended atomic.Int32
 	for range n {
 		Go(func() {
-			started.Done()
+			started.Add(1)
 			<-release // all n block at once: each needs a goroutine
-			ended.Done()
+			ended.Add(1)
 		})
 	}
-	waitFor(t, &started, "every function to start while the others block")
+	poll.Until(t, 10*time.Second, "every function to start while the others block", func() bool { return started.Load() == n })
 	close(release)
-	waitFor(t, &ended, "every function to end")
+	poll.Until(t, 10*time.Second, "every function to end", func() bool { return ended.Load() == n })
 
 	// The workers now wait for more; they take the next ones.
-	var again sync.WaitGroup
-	again.Add(n)
+	var again atomic.Int32
 	for range n {
-		Go(again.Done)
+		Go(func() { again.Add(1) })
 	}
-	waitFor(t, &again, "the functions handed to waiting workers")
-}
-
-func waitFor(t *testing.T, wg *sync.WaitGroup, what string) {
-	t.Helper()
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("gave up waiting for %s", what)
-	}
+	poll.Until(t, 10*time.Second, "the functions handed to waiting workers", func() bool { return again.Load() == n })
 }
 
 // BenchmarkDeepCall: a function that needs a deep stack, run by the go

@@ -72,8 +72,8 @@ type publishReq struct {
 }
 
 // committer gathers publishes into transactions. At most one goroutine
-// commits at a time; it runs while there is work and exits when the queue
-// is empty.
+// (a worker, see internal/workers) commits at a time; it runs while there
+// is work and returns when the queue is empty.
 type committer struct {
 	s       *Store
 	mu      sync.Mutex
