@@ -4,9 +4,11 @@ import (
 	"context"
 	"path"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -53,22 +55,33 @@ func (f *fileInode) soleOpen() bool { return f.opens.Load() == 1 }
 // kernel's LOOKUP and the OPEN that follows it; a reader's open then
 // starts again from that name, as an open a moment later would, instead
 // of failing (the kernel retries an ESTALE open only once, and the name
-// can be taken again meanwhile).
-type lastName struct{ p atomic.Pointer[string] }
+// can be taken again meanwhile). The string is held in place, under one
+// of lastNameLocks: every file's node has one, and a pointer to a string
+// would cost each of them another allocation.
+type lastName struct{ rel string }
 
-// set records rel; it allocates only when the name changes.
+// lastNameLocks guard the lastNames, each by its address.
+var lastNameLocks [64]sync.Mutex
+
+func (l *lastName) lock() *sync.Mutex {
+	return &lastNameLocks[uint64(uintptr(unsafe.Pointer(l)))*0x9e3779b97f4a7c15>>58]
+}
+
+// set records rel.
 func (l *lastName) set(rel string) {
-	if p := l.p.Load(); p == nil || *p != rel {
-		l.p.Store(&rel)
-	}
+	mu := l.lock()
+	mu.Lock()
+	l.rel = rel
+	mu.Unlock()
 }
 
 // get returns the last name, and whether there is one.
 func (l *lastName) get() (string, bool) {
-	if p := l.p.Load(); p != nil {
-		return *p, true
-	}
-	return "", false
+	mu := l.lock()
+	mu.Lock()
+	rel := l.rel
+	mu.Unlock()
+	return rel, rel != ""
 }
 
 // lastOf returns the last name of a file's inode (a node here or a remote

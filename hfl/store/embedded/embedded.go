@@ -26,10 +26,10 @@ type Store struct {
 	dirs    map[string]*embeddedDir
 	records int // in dirs
 	// owners are the records' owners, by index (see keptRecord), and
-	// targets the symbolic links' targets, by record.
-	owners  []string
-	targets map[*keptRecord]string
-	values  map[string][]byte
+	// apart what few records have beyond it, by record.
+	owners []string
+	apart  map[*keptRecord]keptApart
+	values map[string][]byte
 	// waiters holds, per key, a channel closed at the next publish of the
 	// key, and how many waits use it (so that abandoned waits leave nothing).
 	waiters map[string]*keyWaiters
@@ -43,7 +43,7 @@ type Store struct {
 func New() *Store {
 	return &Store{
 		dirs:    make(map[string]*embeddedDir),
-		targets: make(map[*keptRecord]string),
+		apart:   make(map[*keptRecord]keptApart),
 		values:  make(map[string][]byte),
 		waiters: make(map[string]*keyWaiters),
 		lastGen: uint64(time.Now().UnixNano()),
@@ -74,28 +74,81 @@ func (s *Store) isClosed() bool {
 type embeddedDir struct {
 	recs   map[string]*keptRecord
 	sorted []string // nil after a change
+	// base is the directory part of its records' paths (those of a
+	// namespace's directory share it, their names the rest), taken from
+	// the first; hasBase is false if that path did not end in its name.
+	base    string
+	hasBase bool
+}
+
+// newEmbeddedDir returns the directory of a first record, path, named name.
+func newEmbeddedDir(path, name string) *embeddedDir {
+	d := &embeddedDir{recs: make(map[string]*keptRecord)}
+	switch {
+	case path == name:
+		d.hasBase = true
+	case strings.HasSuffix(path, "/"+name):
+		d.base, d.hasBase = path[:len(path)-len(name)-1], true
+	}
+	return d
+}
+
+// derives reports whether path is what d makes of name.
+func (d *embeddedDir) derives(path, name string) bool {
+	if !d.hasBase {
+		return false
+	}
+	if d.base == "" {
+		return path == name
+	}
+	return len(path) == len(d.base)+1+len(name) && strings.HasPrefix(path, d.base) &&
+		path[len(d.base)] == '/' && strings.HasSuffix(path, name)
+}
+
+// pathOf returns the path of the record named name in d.
+func (d *embeddedDir) pathOf(name string) string {
+	if d.base == "" {
+		return name
+	}
+	return d.base + "/" + name
 }
 
 // keptRecord is a record as the store keeps it, for every file of the
-// node: 96 bytes against a Record's 144. Left out are the fields no store
+// node: 80 bytes against a Record's 144. Left out are the fields no store
 // keeps (Provisional, Inline); the owner is an index into Store.owners
-// (a node keeps its own files, and few others); a symbolic link's target
-// is in Store.targets, by the record's address (a publish rewrites a
-// record in place).
+// (a node keeps its own files, and few others); the path is its
+// directory's base and its name (see embeddedDir), or else kept apart
+// with a symbolic link's target, in Store.apart, by the record's address
+// (a publish rewrites a record in place).
 type keptRecord struct {
-	path               string
 	size, mtime, alloc int64
 	ino, gen           uint64
 	sum                digest.Sum
 	mode, uid, gid     uint32
 	owner              uint32
-	writing, hasTarget bool
+	writing, hasApart  bool
+	pathApart          bool // the path is in Store.apart
 }
 
-// keep returns rec as kept; s.mu must be held.
-func (s *Store) keep(r store.Record) keptRecord {
-	return keptRecord{path: r.Path, owner: s.ownerIndex(r.Owner), size: r.Size, mtime: r.MtimeNs, alloc: r.Alloc, ino: r.Ino,
-		gen: r.Generation, sum: r.Sum, mode: r.Mode, uid: r.Uid, gid: r.Gid, writing: r.Writing, hasTarget: r.Target != ""}
+// keptApart is what a record keeps apart: its path if its directory does
+// not make it, its target if it is a symbolic link.
+type keptApart struct{ path, target string }
+
+// keep stores rec, named name in d, in k; s.mu must be held.
+func (s *Store) keep(d *embeddedDir, name string, k *keptRecord, r store.Record) {
+	if k.hasApart {
+		delete(s.apart, k)
+	}
+	*k = keptRecord{owner: s.ownerIndex(r.Owner), size: r.Size, mtime: r.MtimeNs, alloc: r.Alloc, ino: r.Ino,
+		gen: r.Generation, sum: r.Sum, mode: r.Mode, uid: r.Uid, gid: r.Gid, writing: r.Writing}
+	apart := keptApart{target: r.Target}
+	if !d.derives(r.Path, name) {
+		apart.path, k.pathApart = r.Path, true
+	}
+	if k.pathApart || apart.target != "" {
+		k.hasApart = true
+		s.apart[k] = apart
+	}
 }
 
 // ownerIndex returns owner's index in s.owners, adding it if new; s.mu
@@ -110,12 +163,19 @@ func (s *Store) ownerIndex(owner string) uint32 {
 	return uint32(len(s.owners) - 1)
 }
 
-// record returns k as a Record; s.mu must be held.
-func (s *Store) record(k *keptRecord) store.Record {
-	r := store.Record{Path: k.path, Owner: s.owners[k.owner], Size: k.size, MtimeNs: k.mtime, Alloc: k.alloc, Ino: k.ino,
+// record returns k, named name in d, as a Record; s.mu must be held.
+func (s *Store) record(d *embeddedDir, name string, k *keptRecord) store.Record {
+	r := store.Record{Owner: s.owners[k.owner], Size: k.size, MtimeNs: k.mtime, Alloc: k.alloc, Ino: k.ino,
 		Generation: k.gen, Sum: k.sum, Mode: k.mode, Uid: k.uid, Gid: k.gid, Writing: k.writing}
-	if k.hasTarget {
-		r.Target = s.targets[k]
+	var apart keptApart
+	if k.hasApart {
+		apart = s.apart[k]
+		r.Target = apart.target
+	}
+	if k.pathApart {
+		r.Path = apart.path
+	} else {
+		r.Path = d.pathOf(name)
 	}
 	return r
 }
@@ -131,7 +191,7 @@ func (s *Store) lookupLocked(slot store.Slot) (store.Record, bool) {
 	if !ok {
 		return store.Record{}, false
 	}
-	return s.record(k), true
+	return s.record(d, slot.Name, k), true
 }
 
 // Publish implements store.Store.
@@ -145,7 +205,7 @@ func (s *Store) Publish(ctx context.Context, slot store.Slot, rec store.Record) 
 	rec.Generation = s.lastGen
 	d := s.dirs[slot.Dir]
 	if d == nil {
-		d = &embeddedDir{recs: make(map[string]*keptRecord)}
+		d = newEmbeddedDir(rec.Path, slot.Name)
 		s.dirs[slot.Dir] = d
 	}
 	k, ok := d.recs[slot.Name]
@@ -154,13 +214,8 @@ func (s *Store) Publish(ctx context.Context, slot store.Slot, rec store.Record) 
 		d.recs[slot.Name] = k
 		d.sorted = nil
 		s.records++
-	} else if k.hasTarget {
-		delete(s.targets, k)
 	}
-	*k = s.keep(rec)
-	if k.hasTarget {
-		s.targets[k] = rec.Target
-	}
+	s.keep(d, slot.Name, k, rec)
 	if w, ok := s.waiters[slot.Key]; ok {
 		close(w.ch)
 		delete(s.waiters, slot.Key)
@@ -195,7 +250,7 @@ func (s *Store) ListDir(ctx context.Context, dir, after string, limit int) ([]st
 	}
 	var out []store.Record
 	for ; i < len(d.sorted) && len(out) < limit; i++ {
-		out = append(out, s.record(d.recs[d.sorted[i]]))
+		out = append(out, s.record(d, d.sorted[i], d.recs[d.sorted[i]]))
 	}
 	return out, nil
 }
@@ -279,7 +334,7 @@ func (s *Store) Remove(ctx context.Context, slot store.Slot, cond store.RemoveCo
 		return 0, fmt.Errorf("remove %s (generation %d by %s): %w", rec.Path, rec.Generation, rec.Owner, store.ErrConflict)
 	}
 	d := s.dirs[slot.Dir]
-	delete(s.targets, d.recs[slot.Name])
+	delete(s.apart, d.recs[slot.Name])
 	delete(d.recs, slot.Name)
 	s.records--
 	d.sorted = nil
@@ -382,7 +437,7 @@ func (s *Store) Forget(ctx context.Context, namespace string, page int, progress
 			n += len(d.recs)
 			s.records -= len(d.recs)
 			for _, k := range d.recs {
-				delete(s.targets, k)
+				delete(s.apart, k)
 			}
 			delete(s.dirs, dir)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/dyadfs/dyadfs/hfl/store"
 	"github.com/dyadfs/dyadfs/hfl/store/storetest"
@@ -102,7 +103,75 @@ func TestLinkTargetsGoWithTheirRecords(t *testing.T) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.targets) != 0 || s.records != 0 {
-		t.Fatalf("after removing and forgetting every link, %d targets and %d records are kept", len(s.targets), s.records)
+	if len(s.apart) != 0 || s.records != 0 {
+		t.Fatalf("after removing and forgetting every link, %d records kept apart and %d records are kept", len(s.apart), s.records)
+	}
+}
+
+// TestPathsReadBackAsPublished: a record's path comes back as it was
+// published, whether its directory makes it from the name (the usual
+// case, kept in no room of the record's own) or not; a record kept small
+// stays at 80 bytes.
+func TestPathsReadBackAsPublished(t *testing.T) {
+	s := New()
+	defer s.Close()
+	ctx := context.Background()
+	slot := func(dir, name string) store.Slot { return store.Slot{Key: dir + "|" + name, Dir: dir, Name: name} }
+	publish := func(sl store.Slot, path string) {
+		t.Helper()
+		if _, err := s.Publish(ctx, sl, store.Record{Path: path, Owner: "n1", Mode: 0o100644}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct {
+		slot store.Slot
+		path string
+	}{
+		{slot("ns/a", "x"), "a/x"},        // the directory's base: a
+		{slot("ns/a", "y"), "a/y"},        // made from the base
+		{slot("ns/a", "z"), "b/z"},        // another directory: kept apart
+		{slot("ns/a", "w"), "a/ww"},       // not its name: kept apart
+		{slot("ns/", "top"), "top"},       // at the top: the name alone
+		{slot("ns/", "odd"), "elsewhere"}, // kept apart
+		{slot("ns/q", "v"), "v-not-q"},    // no base at all
+		{slot("ns/q", "u"), "q/u"},        // kept apart too
+	}
+	for _, c := range cases {
+		publish(c.slot, c.path)
+	}
+	check := func() {
+		t.Helper()
+		for _, c := range cases {
+			if got, err := s.Lookup(ctx, c.slot); err != nil || got.Path != c.path {
+				t.Errorf("%s/%s reads path %q (%v), published as %q", c.slot.Dir, c.slot.Name, got.Path, err, c.path)
+			}
+			recs, _ := s.ListDir(ctx, c.slot.Dir, "", 0)
+			found := false
+			for _, r := range recs {
+				found = found || r.Path == c.path
+			}
+			if !found {
+				t.Errorf("listing %s has no %q: %+v", c.slot.Dir, c.path, recs)
+			}
+		}
+	}
+	check()
+	s.mu.Lock()
+	if n := len(s.apart); n != 5 {
+		t.Errorf("%d records kept apart, want the 5 whose directory does not make their path", n)
+	}
+	s.mu.Unlock()
+	// Published again under the path the directory makes: nothing apart.
+	cases[2].path, cases[3].path = "a/z", "a/w"
+	publish(cases[2].slot, cases[2].path)
+	publish(cases[3].slot, cases[3].path)
+	check()
+	s.mu.Lock()
+	if n := len(s.apart); n != 3 {
+		t.Errorf("%d records kept apart after two came back to their directory's path, want 3", n)
+	}
+	s.mu.Unlock()
+	if size := unsafe.Sizeof(keptRecord{}); size > 80 {
+		t.Errorf("a kept record takes %d bytes, more than the 80-byte size class", size)
 	}
 }
