@@ -107,9 +107,16 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	var st syscall.Stat_t
 	statErr := n.fsys.back().Lstat(rel, &st)
 	if statErr != nil && !d.Solo() {
-		return n.fsys.errno("unlink", rel, d.RemoveName(ctx, rel))
+		errno := n.fsys.errno("unlink", rel, d.RemoveName(ctx, rel))
+		if errno == 0 {
+			n.fsys.nameGoes(n.GetChild(name), rel)
+		}
+		return errno
 	}
 	errno := gofs.ToErrno(n.fsys.back().Unlink(rel))
+	if errno == 0 {
+		n.fsys.nameGoes(n.GetChild(name), rel)
+	}
 	if errno == 0 && statErr == nil && (st.Mode&syscall.S_IFMT == syscall.S_IFREG || !d.Solo()) {
 		d.Removed(ctx, rel, dmd.IDOf(&st), st.Nlink <= 1)
 	}
@@ -187,13 +194,16 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if errno != 0 {
 		return errno
 	}
-	// go-fuse moves the kernel's entries after this returns.
-	named(n.GetChild(name), newRel)
+	// go-fuse moves the kernel's entries after this returns; what the
+	// rename replaced loses its name.
+	moved, over := n.GetChild(name), np.GetChild(newName)
 	if flags&unix.RENAME_EXCHANGE != 0 {
-		named(np.GetChild(newName), oldRel)
 		d.Republish(ctx, oldRel)
 		d.Republish(ctx, newRel)
 		return 0
+	}
+	if over != moved {
+		fsys.nameGoes(over, newRel)
 	}
 	if targetErr == nil && target.Mode&syscall.S_IFMT == syscall.S_IFREG {
 		// The file the rename replaced may have been half-written.

@@ -84,6 +84,7 @@ type FS struct {
 	log    *slog.Logger
 	server *fuse.Server
 	root   *node
+	lost   lostNames
 	ops    *opStats
 	intent intentStats
 	// readReleases counts released read handles of managed files.

@@ -43,9 +43,7 @@ func (fsys *FS) stable(st *syscall.Stat_t, gen uint64) gofs.StableAttr {
 
 // newChild makes the inode of the backing file st, found as rel, under n.
 func (n *node) newChild(ctx context.Context, rel string, st *syscall.Stat_t, gen uint64) *gofs.Inode {
-	ch := n.NewInode(ctx, &node{fsys: n.fsys, id: dmd.IDOf(st)}, n.fsys.stable(st, gen))
-	named(ch, rel)
-	return ch
+	return n.NewInode(ctx, &node{fsys: n.fsys, id: dmd.IDOf(st)}, n.fsys.stable(st, gen))
 }
 
 // entry looks rel up in the backing directory and makes its inode under n.

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unsafe"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -26,12 +25,13 @@ type node struct {
 	// node when a name comes to mean another inode.
 	id dmd.FileID
 	fileInode
+	// The name it was last known by, once it has none, is kept apart
+	// (lostNames): 160 bytes a node, not 176.
 }
 
 // fileInode is what the inode of a file, here (node) or elsewhere
 // (remoteNode), keeps across its opens.
 type fileInode struct {
-	last lastName
 	// opens counts the opens and creates that gave the kernel a handle
 	// of it, or may: once one has, the kernel passes its opens through to
 	// that handle's backing file while any is open (see retarget).
@@ -50,59 +50,80 @@ func (f *fileInode) beginOpen() { f.opens.Add(1) }
 // of the first handle returned, not of the first open begun.
 func (f *fileInode) soleOpen() bool { return f.opens.Load() == 1 }
 
-// lastName is the path a node was last looked up, made or renamed by. A
-// rename or another node's version can take the name between the
-// kernel's LOOKUP and the OPEN that follows it; a reader's open then
-// starts again from that name, as an open a moment later would, instead
-// of failing (the kernel retries an ESTALE open only once, and the name
-// can be taken again meanwhile). The string is held in place, under one
-// of lastNameLocks: every file's node has one, and a pointer to a string
-// would cost each of them another allocation.
-type lastName struct{ rel string }
+// A rename, an unlink or another node's version can take an inode's
+// name between the kernel's LOOKUP and the OPEN that follows it; a
+// reader's open then starts again from the name the inode was last known
+// by, as an open a moment later would, instead of failing (the kernel
+// retries an ESTALE open only once, and the name can be taken again
+// meanwhile). Until then go-fuse's tree has its name.
 
-// lastNameLocks guard the lastNames, each by its address.
-var lastNameLocks [64]sync.Mutex
-
-func (l *lastName) lock() *sync.Mutex {
-	return &lastNameLocks[uint64(uintptr(unsafe.Pointer(l)))*0x9e3779b97f4a7c15>>58]
+// lostNames are the last names of the file inodes (here or remote) whose
+// name went while the kernel still knows them, until it forgets them
+// (OnForget): few at a time, where every inode keeping its own would cost
+// every file 32 bytes.
+type lostNames struct {
+	mu    sync.Mutex
+	names map[*gofs.Inode]string
 }
 
-// set records rel.
-func (l *lastName) set(rel string) {
-	mu := l.lock()
-	mu.Lock()
-	l.rel = rel
-	mu.Unlock()
-}
-
-// get returns the last name, and whether there is one.
-func (l *lastName) get() (string, bool) {
-	mu := l.lock()
-	mu.Lock()
-	rel := l.rel
-	mu.Unlock()
-	return rel, rel != ""
-}
-
-// lastOf returns the last name of a file's inode (a node here or a remote
-// one), if it has one.
-func lastOf(ino *gofs.Inode) *lastName {
-	switch n := ino.Operations().(type) {
-	case *node:
-		return &n.last
-	case *remoteNode:
-		return &n.last
+func (l *lostNames) set(n *gofs.Inode, rel string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.names == nil {
+		l.names = make(map[*gofs.Inode]string)
 	}
-	return nil
+	l.names[n] = rel
 }
 
-// named records that ino is known as rel now.
-func named(ino *gofs.Inode, rel string) {
-	if ino == nil {
-		return
+func (l *lostNames) get(n *gofs.Inode) (string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	rel, ok := l.names[n]
+	return rel, ok
+}
+
+func (l *lostNames) drop(n *gofs.Inode) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.names, n)
+}
+
+// len returns how many lost names are kept (for tests).
+func (l *lostNames) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.names)
+}
+
+// OnForget implements gofs.NodeOnForgetter: the kernel can no longer open
+// the node, so its lost name goes.
+func (n *node) OnForget() { n.fsys.lost.drop(n.EmbeddedInode()) }
+
+// OnForget implements gofs.NodeOnForgetter, as node's.
+func (r *remoteNode) OnForget() { r.fsys.lost.drop(r.EmbeddedInode()) }
+
+// nameGoes records that ino, known as rel, is about to lose that name:
+// unlinked, renamed over, or replaced by another inode at a lookup.
+func (fsys *FS) nameGoes(ino *gofs.Inode, rel string) {
+	if ino == nil || ino.IsDir() {
+		return // a directory is not opened by a name it lost
 	}
-	if l := lastOf(ino); l != nil {
-		l.set(rel)
+	switch ino.Operations().(type) {
+	case *node, *remoteNode:
+		fsys.lost.set(ino, rel)
+		// The kernel may have forgotten it meanwhile (OnForget came
+		// first): then nothing would drop the name.
+		if ino.Forgotten() {
+			fsys.lost.drop(ino)
+		}
+	}
+}
+
+// replaced records that old, which had name under n before a lookup or
+// a create, lost it to ch, if it did (go-fuse puts ch in its place).
+func (n *node) replaced(old, ch *gofs.Inode, name string) {
+	if old != nil && ch != nil && old != ch {
+		n.fsys.nameGoes(old, n.childRel(name))
 	}
 }
 
@@ -130,6 +151,8 @@ var (
 	_ gofs.NodeListxattrer    = (*node)(nil)
 	_ gofs.NodeReadlinker     = (*node)(nil)
 	_ gofs.NodeStatfser       = (*node)(nil)
+	_ gofs.NodeOnForgetter    = (*node)(nil)
+	_ gofs.NodeOnForgetter    = (*remoteNode)(nil)
 
 	_ gofs.NodeGetattrer  = (*remoteNode)(nil)
 	_ gofs.NodeSetattrer  = (*remoteNode)(nil)

@@ -50,7 +50,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 		// as an open a moment later would (see lastName). A writer:
 		// alone, ENOENT, as a loopback filesystem answers; with other
 		// nodes, ESTALE has the kernel look the name up again.
-		if last, ok := n.last.get(); ok && flags&writeFlags == 0 {
+		if last, ok := fsys.lost.get(n.EmbeddedInode()); ok && flags&writeFlags == 0 {
 			return fsys.reopen(ctx, last, flags)
 		}
 		if d.Solo() {
@@ -247,10 +247,12 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	rel := n.childRel(name)
 	n.fsys.dmd.BeginCreate(rel)
 	defer n.fsys.dmd.EndCreate(rel)
+	old := n.GetChild(name)
 	ch, fh, made, errno := n.createHere(ctx, name, flags, mode, out)
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
+	n.replaced(old, ch, name)
 	var fuseFlags uint32
 	n.fsys.cached(out)
 	child := ch.Operations().(*node)

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"syscall"
 	"testing"
@@ -9,8 +10,10 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/dyadfs/dyadfs/fs/dmd"
+	"github.com/dyadfs/dyadfs/internal/poll"
 )
 
 // TestOpenOfNameRenamedOverReadsCurrent: the kernel looked x up, then a
@@ -84,18 +87,77 @@ func TestOpenOfNameRemovedMeanwhileWaitsOnlyForWaiters(t *testing.T) {
 }
 
 // lookedUp writes name with content through the mount, has the kernel
-// look it up (stat), and returns the inode it looked up.
+// look it up, and returns the inode it looked up. The kernel holds on to
+// the inode until the test ends (an O_PATH descriptor, which sends no
+// OPEN), as it does between the LOOKUP and the OPEN of an open().
 func (m *mounted) lookedUp(t *testing.T, name, content string) *gofs.Inode {
 	t.Helper()
 	if err := os.WriteFile(m.path(name), []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(m.path(name)); err != nil {
+	fd, err := unix.Open(m.path(name), unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { unix.Close(fd) })
 	looked := m.fs.root.EmbeddedInode().GetChild(name)
 	if looked == nil {
 		t.Fatalf("the kernel did not look %s up", name)
 	}
 	return looked
+}
+
+// TestLostNamesGoWithTheirInodes: an inode that lost its name keeps the
+// name it had (an OPEN of it reads what the name is now) only while the
+// kernel may still open it: once the kernel forgets it, the name goes, so
+// that renames and removals leave nothing behind. Inodes that keep their
+// names keep no name of their own.
+func TestLostNamesGoWithTheirInodes(t *testing.T) {
+	m := mount(t, nil)
+	const n = 20
+	var held []int
+	defer func() {
+		for _, fd := range held {
+			unix.Close(fd)
+		}
+	}()
+	for i := range n {
+		name := fmt.Sprint("f", i)
+		if err := os.WriteFile(m.path(name), []byte("old"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		fd, err := unix.Open(m.path(name), unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, fd)
+	}
+	if got := m.fs.lost.len(); got != 0 {
+		t.Fatalf("%d names kept apart for inodes that have theirs", got)
+	}
+	for i := range n {
+		name := fmt.Sprint("f", i)
+		if i%2 == 0 {
+			if err := os.WriteFile(m.path(name+".tmp"), []byte("new"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(m.path(name+".tmp"), m.path(name)); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := os.Remove(m.path(name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := m.fs.lost.len(); got != n {
+		t.Fatalf("%d lost names kept after %d inodes the kernel holds lost theirs", got, n)
+	}
+	for _, fd := range held {
+		unix.Close(fd)
+	}
+	held = nil
+	// Have the kernel forget every inode it does not need.
+	poll.Until(t, 10*time.Second, "the kernel to forget the inodes that lost their names", func() bool {
+		os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0)
+		return m.fs.lost.len() == 0
+	})
 }

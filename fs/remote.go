@@ -21,13 +21,9 @@ import (
 // the loopback at the next lookup.
 type remoteNode struct {
 	gofs.Inode
-	fsys *FS
-	gen  uint64 // the version it stands for
-	// fileInode.last is the last path it was known by: a rename or an
-	// unlink can take its name between the kernel's LOOKUP and the
-	// request that follows it, and an open then starts again from that
-	// name.
-	fileInode
+	fsys      *FS
+	gen       uint64 // the version it stands for
+	fileInode        // its last name, once it has none, is in lostNames
 }
 
 // remote makes the node of rel, published elsewhere as rec. It shows the
@@ -42,7 +38,6 @@ func (fsys *FS) remote(ctx context.Context, parent *gofs.Inode, rel string, rec 
 	attrFromRecord(rec, ino, &out.Attr)
 	fsys.cached(out)
 	r := &remoteNode{fsys: fsys, gen: rec.Generation}
-	r.last.set(rel)
 	return parent.NewInode(ctx, r, gofs.StableAttr{Mode: rec.Mode & syscall.S_IFMT, Ino: ino, Gen: rec.Generation | 1<<63})
 }
 
@@ -76,10 +71,9 @@ func attrFromRecord(rec hfl.Record, ino uint64, out *fuse.Attr) {
 // whose name went has no path of its own.
 func (r *remoteNode) rel() (rel string, named bool) {
 	if rel, named = r.fsys.pathOf(r.EmbeddedInode()); named {
-		r.last.set(rel)
 		return rel, true
 	}
-	rel, _ = r.last.get()
+	rel, _ = r.fsys.lost.get(r.EmbeddedInode())
 	return rel, false
 }
 
