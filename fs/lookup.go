@@ -29,15 +29,6 @@ type intentStats struct {
 // answer is a placeholder whose OPEN waits, outside any directory lock,
 // until the file is published.
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	old := n.GetChild(name)
-	ch, errno := n.lookup(ctx, name, out)
-	n.replaced(old, ch, name)
-	return ch, errno
-}
-
-// lookup is Lookup's answer; Lookup also records the name it takes from
-// another inode.
-func (n *node) lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if n.reserved(name) {
 		return n.fsys.controlDir(ctx), 0
 	}

@@ -50,12 +50,12 @@ func (f *fileInode) beginOpen() { f.opens.Add(1) }
 // of the first handle returned, not of the first open begun.
 func (f *fileInode) soleOpen() bool { return f.opens.Load() == 1 }
 
-// A rename, an unlink or another node's version can take an inode's
-// name between the kernel's LOOKUP and the OPEN that follows it; a
-// reader's open then starts again from the name the inode was last known
-// by, as an open a moment later would, instead of failing (the kernel
-// retries an ESTALE open only once, and the name can be taken again
-// meanwhile). Until then go-fuse's tree has its name.
+// A rename or an unlink can take an inode's name between the kernel's
+// LOOKUP and the OPEN that follows it; a reader's open then starts again
+// from the name the inode was last known by, as an open a moment later
+// would, instead of failing (the kernel retries an ESTALE open only once,
+// and the name can be taken again meanwhile). Until then go-fuse's tree
+// has its name.
 
 // lostNames are the last names of the file inodes (here or remote) whose
 // name went while the kernel still knows them, until it forgets them
@@ -103,7 +103,8 @@ func (n *node) OnForget() { n.fsys.lost.drop(n.EmbeddedInode()) }
 func (r *remoteNode) OnForget() { r.fsys.lost.drop(r.EmbeddedInode()) }
 
 // nameGoes records that ino, known as rel, is about to lose that name:
-// unlinked, renamed over, or replaced by another inode at a lookup.
+// unlinked or renamed over. (An inode that another takes the place of at
+// a lookup or a create keeps its path: go-fuse leaves it its parent.)
 func (fsys *FS) nameGoes(ino *gofs.Inode, rel string) {
 	if ino == nil || ino.IsDir() {
 		return // a directory is not opened by a name it lost
@@ -116,14 +117,6 @@ func (fsys *FS) nameGoes(ino *gofs.Inode, rel string) {
 		if ino.Forgotten() {
 			fsys.lost.drop(ino)
 		}
-	}
-}
-
-// replaced records that old, which had name under n before a lookup or
-// a create, lost it to ch, if it did (go-fuse puts ch in its place).
-func (n *node) replaced(old, ch *gofs.Inode, name string) {
-	if old != nil && ch != nil && old != ch {
-		n.fsys.nameGoes(old, n.childRel(name))
 	}
 }
 

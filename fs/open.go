@@ -47,7 +47,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 	if !hasName {
 		// Its name went (renamed over, removed) between the kernel's
 		// look up and this open. A reader starts again from the name,
-		// as an open a moment later would (see lastName). A writer:
+		// as an open a moment later would (see lostNames). A writer:
 		// alone, ENOENT, as a loopback filesystem answers; with other
 		// nodes, ESTALE has the kernel look the name up again.
 		if last, ok := fsys.lost.get(n.EmbeddedInode()); ok && flags&writeFlags == 0 {
@@ -191,7 +191,7 @@ func (fsys *FS) writeCurrent(ctx context.Context, rel string, flags uint32, f *f
 }
 
 // reopen opens for reading what rel is now, for an open of an inode that
-// rel no longer names (see lastName). A name removed meanwhile is waited
+// rel no longer names (see lostNames). A name removed meanwhile is waited
 // for only by a caller that waits for missing files (see waits). If rel is
 // not a regular file any more (a directory, or a symbolic link, which the
 // kernel follows itself), the daemon cannot open it in the kernel's
@@ -247,12 +247,10 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	rel := n.childRel(name)
 	n.fsys.dmd.BeginCreate(rel)
 	defer n.fsys.dmd.EndCreate(rel)
-	old := n.GetChild(name)
 	ch, fh, made, errno := n.createHere(ctx, name, flags, mode, out)
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
-	n.replaced(old, ch, name)
 	var fuseFlags uint32
 	n.fsys.cached(out)
 	child := ch.Operations().(*node)

@@ -67,8 +67,8 @@ func attrFromRecord(rec hfl.Record, ino uint64, out *fuse.Attr) {
 }
 
 // rel returns the node's path now, or, with named false, the last path it
-// had if it has no name any more (see last). Never the root's: a node
-// whose name went has no path of its own.
+// had if it has no name any more (see lostNames; "" if none was kept).
+// Never the root's: a node whose name went has no path of its own.
 func (r *remoteNode) rel() (rel string, named bool) {
 	if rel, named = r.fsys.pathOf(r.EmbeddedInode()); named {
 		return rel, true
@@ -139,6 +139,11 @@ func (r *remoteNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, u
 	r.beginOpen()
 	fsys := r.fsys
 	rel, named := r.rel()
+	if !named && rel == "" {
+		// Its name went by a way that kept no record of it: the kernel
+		// looks the name up again.
+		return nil, 0, fsys.stale("name gone", rel)
+	}
 	defer fsys.forget(rel) // what is here from now on is shown as such
 	if !named {
 		// Its name went since the kernel looked it up (renamed over or
