@@ -64,6 +64,9 @@ func (f *fileInode) soleOpen() bool { return f.opens.Load() == 1 }
 type lostNames struct {
 	mu    sync.Mutex
 	names map[*gofs.Inode]string
+	// some is whether names has any: most FORGETs find none to drop
+	// and take no lock.
+	some atomic.Bool
 }
 
 func (l *lostNames) set(n *gofs.Inode, rel string) {
@@ -73,6 +76,7 @@ func (l *lostNames) set(n *gofs.Inode, rel string) {
 		l.names = make(map[*gofs.Inode]string)
 	}
 	l.names[n] = rel
+	l.some.Store(true)
 }
 
 func (l *lostNames) get(n *gofs.Inode) (string, bool) {
@@ -83,9 +87,15 @@ func (l *lostNames) get(n *gofs.Inode) (string, bool) {
 }
 
 func (l *lostNames) drop(n *gofs.Inode) {
+	if !l.some.Load() {
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(l.names, n)
+	if len(l.names) == 0 {
+		l.some.Store(false)
+	}
 }
 
 // len returns how many lost names are kept (for tests).
