@@ -98,25 +98,23 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 // Unlink implements gofs.NodeUnlinker: an unlinked file is removed from the
 // namespace, and every node that had it is told before the call returns.
 // A file published elsewhere is unlinked there too.
-func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+func (n *node) Unlink(ctx context.Context, name string) (errno syscall.Errno) {
 	if n.reserved(name) {
 		return syscall.EPERM
 	}
 	d := n.fsys.dmd
 	rel := n.childRel(name)
-	var st syscall.Stat_t
-	statErr := n.fsys.back().Lstat(rel, &st)
-	if statErr != nil && !d.Solo() {
-		errno := n.fsys.errno("unlink", rel, d.RemoveName(ctx, rel))
+	defer func() {
 		if errno == 0 {
 			n.fsys.nameGoes(n.GetChild(name), rel)
 		}
-		return errno
+	}()
+	var st syscall.Stat_t
+	statErr := n.fsys.back().Lstat(rel, &st)
+	if statErr != nil && !d.Solo() {
+		return n.fsys.errno("unlink", rel, d.RemoveName(ctx, rel))
 	}
-	errno := gofs.ToErrno(n.fsys.back().Unlink(rel))
-	if errno == 0 {
-		n.fsys.nameGoes(n.GetChild(name), rel)
-	}
+	errno = gofs.ToErrno(n.fsys.back().Unlink(rel))
 	if errno == 0 && statErr == nil && (st.Mode&syscall.S_IFMT == syscall.S_IFREG || !d.Solo()) {
 		d.Removed(ctx, rel, dmd.IDOf(&st), st.Nlink <= 1)
 	}

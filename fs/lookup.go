@@ -76,7 +76,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 				}
 				return nil, syscall.EIO
 			}
-			return fsys.remote(ctx, n.EmbeddedInode(), rel, rec, out), 0
+			return fsys.remote(ctx, n.EmbeddedInode(), rec, out), 0
 		}
 	}
 	if ch, errno := fsys.lookupMissing(ctx, n.EmbeddedInode(), rel, out, false, call, callErr); ch != nil || errno != 0 {

@@ -50,23 +50,18 @@ func (f *fileInode) beginOpen() { f.opens.Add(1) }
 // of the first handle returned, not of the first open begun.
 func (f *fileInode) soleOpen() bool { return f.opens.Load() == 1 }
 
-// A rename or an unlink can take an inode's name between the kernel's
-// LOOKUP and the OPEN that follows it; a reader's open then starts again
-// from the name the inode was last known by, as an open a moment later
-// would, instead of failing (the kernel retries an ESTALE open only once,
-// and the name can be taken again meanwhile). Until then go-fuse's tree
-// has its name.
-
 // lostNames are the last names of the file inodes (here or remote) whose
 // name went while the kernel still knows them, until it forgets them
-// (OnForget): few at a time, where every inode keeping its own would cost
-// every file 32 bytes.
+// (OnForget). A rename or an unlink can take an inode's name between the
+// kernel's LOOKUP and the OPEN that follows it; a reader's open then
+// starts again from the name the inode was last known by, as an open a
+// moment later would, instead of failing (the kernel retries an ESTALE
+// open only once, and the name can be taken again meanwhile). Until then
+// go-fuse's tree has its name: few are kept here at a time, where every
+// inode keeping its own would cost every file 32 bytes.
 type lostNames struct {
 	mu    sync.Mutex
 	names map[*gofs.Inode]string
-	// some is whether names has any: most FORGETs find none to drop
-	// and take no lock.
-	some atomic.Bool
 }
 
 func (l *lostNames) set(n *gofs.Inode, rel string) {
@@ -76,7 +71,6 @@ func (l *lostNames) set(n *gofs.Inode, rel string) {
 		l.names = make(map[*gofs.Inode]string)
 	}
 	l.names[n] = rel
-	l.some.Store(true)
 }
 
 func (l *lostNames) get(n *gofs.Inode) (string, bool) {
@@ -87,15 +81,9 @@ func (l *lostNames) get(n *gofs.Inode) (string, bool) {
 }
 
 func (l *lostNames) drop(n *gofs.Inode) {
-	if !l.some.Load() {
-		return
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(l.names, n)
-	if len(l.names) == 0 {
-		l.some.Store(false)
-	}
 }
 
 // len returns how many lost names are kept (for tests).

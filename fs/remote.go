@@ -33,7 +33,7 @@ type remoteNode struct {
 // the kernel ties an inode to the backing file its first open passes
 // through to, so a newer version must not come to an inode a process
 // still reads an older one through.
-func (fsys *FS) remote(ctx context.Context, parent *gofs.Inode, rel string, rec hfl.Record, out *fuse.EntryOut) *gofs.Inode {
+func (fsys *FS) remote(ctx context.Context, parent *gofs.Inode, rec hfl.Record, out *fuse.EntryOut) *gofs.Inode {
 	ino := rec.InodeNumber()
 	attrFromRecord(rec, ino, &out.Attr)
 	fsys.cached(out)
