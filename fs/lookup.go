@@ -56,6 +56,14 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 		rec, ok := d.KnownEntry(rel)
 		if !ok {
 			call, callErr = caller.ReadCall(callerTid(ctx))
+			if callErr == nil && d.CommitComing(rel) && fsys.opensToWait(ctx, call, rel) {
+				// This node was told the name's commit is coming: a
+				// read-only open that waits takes the record sent
+				// ahead (its placeholder's OPEN), and needs no
+				// question; anything else asks.
+				fsys.intent.openFile.Add(1)
+				return fsys.pending(ctx, n.EmbeddedInode(), &pendingFile{fsys: fsys, rel: rel}, readOnlyFile, out), 0
+			}
 			creating := callErr == nil && call.Open && call.Flags&syscall.O_CREAT != 0
 			var err error
 			rec, ok, err = d.Entry(ctx, rel, creating)
@@ -138,6 +146,13 @@ func (fsys *FS) lookupMissing(ctx context.Context, parent *gofs.Inode, rel strin
 		fsys.intent.unknown.Add(1)
 	}
 	return nil, syscall.ENOENT
+}
+
+// opensToWait reports whether call, the syscall of the LOOKUP's caller, is
+// a read-only open of the file rel that waits for it (see lookupMissing).
+func (fsys *FS) opensToWait(ctx context.Context, call caller.Call, rel string) bool {
+	tid := callerTid(ctx)
+	return caller.Classify(call, tid, fsys.cfg.Mountpoint, rel) == caller.OpenFile && fsys.waits(tid, rel)
 }
 
 // waits reports whether the process of thread tid, opening rel (missing)

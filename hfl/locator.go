@@ -357,6 +357,11 @@ func (l *Locator) HomeOf(path string) string { return l.notices.HomeOf(path) }
 // ok is false when it knows nothing of path.
 func (l *Locator) Told(path string) (rec Record, exists, ok bool) { return l.notices.Told(path) }
 
+// Ahead returns the record of path sent ahead of its commit (provisional)
+// that this node was told, and not the commit yet: a copy fetched as that
+// record is the version being committed.
+func (l *Locator) Ahead(path string) (Record, bool) { return l.notices.Ahead(path) }
+
 // Forget drops what this node knows of path, for example after its owner
 // refused it.
 func (l *Locator) Forget(path string) { l.notices.Forget(path) }

@@ -49,6 +49,9 @@ type Notices interface {
 	// Told returns the newest state of path this node knows of, promised
 	// or not (see Locator.Told).
 	Told(path string) (rec Record, exists, ok bool)
+	// Ahead returns the record of path sent ahead of its commit that this
+	// node was told, and not the commit yet (see Locator.Ahead).
+	Ahead(path string) (Record, bool)
 	// HandleMessage answers a message of node from.
 	HandleMessage(ctx context.Context, from string, msg []byte) ([]byte, error)
 	// CarriesBytes reports whether a small file's bytes travel with the
@@ -95,7 +98,10 @@ const (
 	TellAside Tell = iota
 	// TellOnce also waits until the home told every holder, for one
 	// try; a home that does not answer is told aside. A writer's close
-	// (close-to-open) must not hang on a node that died.
+	// (close-to-open) must not hang on a node that died. With Ahead, the
+	// holders are told that the commit is coming alongside the commit,
+	// and of the commit itself aside, once the home holds the path back
+	// meanwhile (its promises on it, and the listers' answers for it).
 	TellOnce
 	// TellSure waits until the home told every holder; a home that
 	// cannot be reached is waited for until it left the members. A
@@ -237,6 +243,8 @@ func (s *singleNode) Told(path string) (Record, bool, bool) {
 	rec, ok := s.kept(path) // its publishes, and records it looked up
 	return rec, ok, ok
 }
+
+func (s *singleNode) Ahead(string) (Record, bool) { return Record{}, false }
 
 func (s *singleNode) HandleMessage(context.Context, string, []byte) ([]byte, error) {
 	return nil, errors.New("this node takes no notices")

@@ -207,6 +207,17 @@ func (d *DMD) Entry(ctx context.Context, rel string, creating bool) (hfl.Record,
 	return rec, true, nil
 }
 
+// CommitComing reports whether this node was told that a publish of rel
+// is being committed, and not yet that it was (its record was sent
+// ahead): a read-only open that waits can take that record.
+func (d *DMD) CommitComing(rel string) bool {
+	if d.solo() {
+		return false
+	}
+	_, ok := d.loc.Ahead(rel)
+	return ok
+}
+
 // KnownEntry is Entry when this node knows, without asking anyone, that
 // the namespace has rel: ok is false when Entry would have to ask.
 func (d *DMD) KnownEntry(rel string) (rec hfl.Record, ok bool) {
@@ -263,6 +274,14 @@ func (d *DMD) currentHere(ctx context.Context, rel string, st *syscall.Stat_t) b
 	}
 	if superseded {
 		return false
+	}
+	if isCopy && c.gen == 0 {
+		// Fetched ahead of its publish's commit, and that commit is
+		// still coming: it is that version (asking would only read the
+		// store, since the path's promises are held back meanwhile).
+		if rec, ok := d.loc.Ahead(rel); ok && copyIsOf(c, rec, st) {
+			return true
+		}
 	}
 	ns, err := d.loc.State(ctx, rel)
 	if err != nil {
@@ -419,6 +438,13 @@ func (d *DMD) removeBeneathLocked(rel string, dir bool, want *syscall.Stat_t) bo
 // goes if empty.
 func (d *DMD) Invalidated(rel string, rec hfl.Record, exists bool) {
 	if d.solo() {
+		return
+	}
+	if rec.Provisional {
+		// A new version is coming (its record sent ahead of its
+		// commit): the kernel forgets what it cached of the old one;
+		// copies are checked once the commit is told.
+		d.toldUnseen(rel)
 		return
 	}
 	d.rangedChanged(rel, rec, exists)

@@ -20,6 +20,7 @@ import (
 func (n *Protocol) Publish(ctx context.Context, rec hfl.Record, inline *hfl.Inline, o hfl.PublishOptions, commit func(context.Context) (hfl.Record, error)) (hfl.Record, error) {
 	var publish uint64
 	var told <-chan struct{}
+	var held <-chan bool
 	if o.Ahead {
 		publish = n.nextPublish()
 		ahead := rec
@@ -27,9 +28,35 @@ func (n *Protocol) Publish(ctx context.Context, rec hfl.Record, inline *hfl.Inli
 		if !inlineFits(ahead) {
 			ahead.Inline = nil
 		}
-		told = n.tellHome(ahead, publish, nil)
+		if o.Tell == hfl.TellOnce {
+			held = n.holdBack(ctx, ahead, publish)
+		} else {
+			told = n.tellHome(ahead, publish, nil)
+		}
 	}
+	start := time.Now()
 	out, err := commit(ctx)
+	if held != nil {
+		// The record went ahead while the store committed: if the
+		// home held the path back (every holder heard the commit is
+		// coming, and no promise is made on it until told), the
+		// close need not wait for the home again. A commit that took
+		// longer than the home holds back waits for it as before.
+		took := <-held
+		if took && err == nil && time.Since(start) < pendingHold/2 {
+			n.holder.madeHere(out.Path, out, true, out.Generation)
+			n.tellHome(out, publish, nil)
+			return out, nil
+		}
+		if err != nil {
+			// Nothing committed: the nodes told it was coming stop
+			// holding the path back (if the home held it: its answer
+			// may have been lost).
+			ahead := rec
+			ahead.Provisional = true
+			n.settleHome(ahead, publish)
+		}
+	}
 	if err != nil {
 		return hfl.Record{}, err
 	}
@@ -69,6 +96,10 @@ func (n *Protocol) Removed(ctx context.Context, path string, gen uint64, sync bo
 // Forget drops what this node knows of path.
 func (n *Protocol) Forget(path string) { n.holder.forget(path) }
 
+// Ahead returns the record of path sent ahead of its commit that this
+// node was told, and not the commit yet.
+func (n *Protocol) Ahead(path string) (hfl.Record, bool) { return n.holder.markedRecord(path) }
+
 // CarriesBytes: small files' bytes travel with notices.
 func (n *Protocol) CarriesBytes() bool { return true }
 
@@ -91,6 +122,13 @@ func (n *Protocol) State(ctx context.Context, path string) (hfl.State, error) {
 	if st, ok := n.Known(path); ok {
 		return st, nil
 	}
+	settled := n.holder.waitSettled(ctx, path, false)
+	if settled {
+		// Held back for a commit that was then told (or not held).
+		if st, ok := n.Known(path); ok {
+			return st, nil
+		}
+	}
 	dir, _ := hfl.SplitPath(path)
 	now := time.Now()
 	if n.holder.wantListing(dir, now) {
@@ -102,6 +140,13 @@ func (n *Protocol) State(ctx context.Context, path string) (hfl.State, error) {
 		}
 	}
 	a := n.ask(ctx, path, 0, false)
+	if a.pending && settled && n.holder.waitSettled(ctx, path, false) {
+		// Held back at the home: its commit's notice is told to this
+		// node (registered), unless it was waited for in vain above.
+		if st, ok := n.Known(path); ok {
+			return st, nil
+		}
+	}
 	if a.answered {
 		if !a.exists {
 			n.holder.noteMiss(dir, now)
@@ -158,6 +203,11 @@ func (n *Protocol) List(ctx context.Context, dir string, first bool) ([]hfl.Reco
 	if recs, ok := n.holder.listing(dir); ok {
 		return recs, true, nil
 	}
+	if n.holder.waitSettled(ctx, dir, true) {
+		if recs, ok := n.holder.listing(dir); ok {
+			return recs, true, nil
+		}
+	}
 	if first && n.holder.listable(dir, time.Now()) {
 		return n.readListing(ctx, dir)
 	}
@@ -182,6 +232,13 @@ func (n *Protocol) LocateWaiting(ctx context.Context, w *hfl.Watch, ahead bool) 
 			return st.Rec, hfl.LevelCache, nil
 		}
 		return hfl.Record{}, hfl.LevelCache, hfl.ErrNotFound
+	}
+	if ahead {
+		// Held back for a commit told to be coming: the record sent
+		// ahead is what the wait would take.
+		if rec, ok := n.holder.markedRecord(path); ok {
+			return rec, hfl.LevelHome, nil
+		}
 	}
 	a := n.ask(ctx, path, 0, ahead)
 	if a.answered {
@@ -312,6 +369,7 @@ type asked struct {
 	gen        uint64
 	registered bool // the home registered this node: promise holds once the store answered
 	promise    promise
+	pending    bool // the home holds the path back for a commit that is coming (see reply.Pending)
 	path       string
 	h          *holderSide
 	ended      bool
@@ -354,6 +412,17 @@ func (n *Protocol) ask(ctx context.Context, p string, after uint64, withAhead bo
 		}
 	}
 	a.promise, a.registered = n.holder.promiseFrom(home, r, epoch, sent)
+	if !r.Pending {
+		n.holder.unmarkAnswered(p)
+	} else {
+		a.pending = true
+		var ahead hfl.Record
+		if r.Rec != nil {
+			ahead = *r.Rec
+			ahead.Inline = r.Inline
+		}
+		n.holder.markAsked(p, r.PendingOwner, r.PendingPublish, ahead)
+	}
 	switch {
 	case r.Rec != nil && r.Rec.Provisional:
 		rec := *r.Rec
@@ -411,6 +480,57 @@ func (n *Protocol) tellHome(rec hfl.Record, publish uint64, after <-chan struct{
 	return done
 }
 
+// holdBack sends rec, provisional, to its home with Sync: the home tells
+// every holder of the path and every lister of its directory that the
+// commit is coming, and holds its own promises on the path back until
+// the commit is told (see reply.Pending). One try, alongside the commit;
+// the channel returned says whether the home did.
+func (n *Protocol) holdBack(ctx context.Context, rec hfl.Record, publish uint64) <-chan bool {
+	out := make(chan bool, 1)
+	dir, _ := hfl.SplitPath(rec.Path)
+	home, _, ok := n.homeOf(dir)
+	if !ok {
+		out <- false
+		return out
+	}
+	if home.Node == n.self.Node {
+		// Held here, at once; only the holders' telling, if any,
+		// runs alongside the commit.
+		held, tell := n.home.holdBackHere(ctx, rec, publish)
+		if !held {
+			// Taken as without a hold (its holders told aside), before
+			// the commit's notice.
+			n.home.published(ctx, n.self.Node, rec, publish, false, false, false)
+		}
+		if !held || tell == nil {
+			out <- held
+			return out
+		}
+		workers.Go(func() {
+			tell()
+			out <- true
+		})
+		return out
+	}
+	workers.Go(func() {
+		b, err := n.send(ctx, home, notice{Kind: kindPublished, Rec: &rec, Inline: rec.Inline, Publish: publish, Sync: true})
+		var r reply
+		if err == nil {
+			r, err = decodeReply(b)
+		}
+		out <- err == nil && r.Pending
+	})
+	return out
+}
+
+// settleHome tells rec's home, aside, that the commit of publish publish,
+// told to be coming (see holdBack), failed.
+func (n *Protocol) settleHome(rec hfl.Record, publish uint64) {
+	rec.Inline = nil
+	msg := notice{Kind: kindPublished, Rec: &rec, Publish: publish, Settle: true}
+	workers.Go(func() { n.deliver(n.ctx, msg, rec.Path, rec, false, 20) })
+}
+
 // tellHomeSync tells the home of p of msg and returns once the home told
 // every holder. If the home cannot be reached, it waits until that home
 // left the members (its holders' promises end with it) and tells the next.
@@ -433,7 +553,7 @@ func (n *Protocol) deliver(ctx context.Context, msg notice, p string, rec hfl.Re
 		var err error
 		if home.Node == n.self.Node {
 			if msg.Kind == kindPublished {
-				r = n.home.published(ctx, n.self.Node, *msg.Rec, msg.Publish, msg.Sync, false)
+				r = n.home.published(ctx, n.self.Node, *msg.Rec, msg.Publish, msg.Sync, false, msg.Settle)
 			} else {
 				r = n.home.unpublished(ctx, n.self.Node, msg.Path, msg.Gen, msg.Sync, false)
 			}
@@ -453,7 +573,7 @@ func (n *Protocol) deliver(ctx context.Context, msg notice, p string, rec hfl.Re
 				// takes it as told (two nodes wrote the path at once,
 				// and this one lost), aside: taking it may tell the
 				// kernel, which a request must not wait for.
-				workers.Go(func() { n.holder.broken(home.Node, p, r.Rec, r.Gen, false, false, false) })
+				workers.Go(func() { n.holder.broken(home.Node, notice{Path: p, Rec: r.Rec, Gen: r.Gen}) })
 				return true
 			}
 			if pr, ok := n.holder.promiseFrom(home, r, epoch, sent); ok && (msg.Rec == nil || !msg.Rec.Provisional) {
@@ -580,8 +700,11 @@ func (n *Protocol) Await(ctx context.Context, w *hfl.Watch, after uint64, ahead 
 			return n.withBytes(rec), nil
 		}
 		if ahead {
-			// Told as a lister before this wait began.
+			// Told as a lister, or held back, before this wait began.
 			if rec, ok := n.holder.aheadOf(path); ok {
+				return rec, nil
+			}
+			if rec, ok := n.holder.markedRecord(path); ok {
 				return rec, nil
 			}
 		}

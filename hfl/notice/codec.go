@@ -19,7 +19,7 @@ import (
 // version only tells a stray message from another release.
 
 // codecVersion is the first byte of every message.
-const codecVersion = 1
+const codecVersion = 2
 
 // Fields of a notice, as bits of its field set.
 const (
@@ -36,6 +36,7 @@ const (
 	nListingEnded
 	nHeld
 	nForwarded
+	nSettle
 )
 
 // Fields of a reply.
@@ -46,6 +47,7 @@ const (
 	rGen
 	rHome
 	rNoPromise
+	rPending
 )
 
 // Fields of a record.
@@ -85,6 +87,7 @@ func encodeNotice(msg notice) []byte {
 	setIf(&f, nListingEnded, msg.ListingEnded)
 	setIf(&f, nHeld, msg.Held)
 	setIf(&f, nForwarded, msg.Forwarded)
+	setIf(&f, nSettle, msg.Settle)
 	// Sized once: a notice that outgrew its buffer by a byte would copy a
 	// small file's bytes into one twice their size.
 	size := 96 + len(msg.Path) + inlineLen(msg.Inline)
@@ -157,6 +160,7 @@ func decodeNotice(b []byte) (notice, error) {
 	}
 	msg.Ahead, msg.Sync, msg.Listing = f&nAhead != 0, f&nSync != 0, f&nListing != 0
 	msg.ListingEnded, msg.Held, msg.Forwarded = f&nListingEnded != 0, f&nHeld != 0, f&nForwarded != 0
+	msg.Settle = f&nSettle != 0
 	return msg, d.end()
 }
 
@@ -169,7 +173,8 @@ func encodeReply(r reply) []byte {
 	setIf(&f, rGen, r.Gen != 0)
 	setIf(&f, rHome, !r.Home.IsZero())
 	setIf(&f, rNoPromise, r.NoPromise)
-	b := make([]byte, 0, 96+inlineLen(r.Inline))
+	setIf(&f, rPending, r.Pending)
+	b := make([]byte, 0, 96+len(r.PendingOwner)+inlineLen(r.Inline))
 	b = append(b, codecVersion)
 	b = binary.AppendUvarint(b, f)
 	if f&rRec != 0 {
@@ -183,6 +188,10 @@ func encodeReply(r reply) []byte {
 	}
 	if f&rHome != 0 {
 		b = appendTime(b, r.Home)
+	}
+	if f&rPending != 0 {
+		b = appendString(b, r.PendingOwner)
+		b = binary.AppendUvarint(b, r.PendingPublish)
 	}
 	return b
 }
@@ -210,7 +219,10 @@ func decodeReply(b []byte) (reply, error) {
 	if f&rHome != 0 {
 		r.Home = d.time()
 	}
-	r.Known, r.NoPromise = f&rKnown != 0, f&rNoPromise != 0
+	if f&rPending != 0 {
+		r.PendingOwner, r.PendingPublish = d.string(), d.uvarint()
+	}
+	r.Known, r.NoPromise, r.Pending = f&rKnown != 0, f&rNoPromise != 0, f&rPending != 0
 	return r, d.end()
 }
 

@@ -2,10 +2,14 @@ package notice
 
 import (
 	"container/list"
-	"github.com/dyadfs/dyadfs/hfl"
+	"context"
+	"slices"
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/dyadfs/dyadfs/hfl"
+	"github.com/dyadfs/dyadfs/internal/workers"
 )
 
 // The holder side of notices: what this node knows of paths and listings
@@ -85,7 +89,33 @@ type holderSide struct {
 	// was told as a lister, until the commit is told: a consumer that
 	// starts waiting for the path meanwhile takes it (see aheadOf).
 	ahead aheadRecords
+	// marks holds the paths held back for a commit that is coming (see
+	// holdMark), with how many of them each directory has; settled is
+	// closed, and replaced, whenever a hold ends.
+	marks      map[string]*holdMark
+	markedDirs map[string]int
+	settled    chan struct{}
 }
+
+// holdMark holds a path back for a publish whose commit its home told is
+// coming (see reply.Pending): what this node knew of the path, under a
+// promise or in its directory's listing, does not answer until the
+// commit, or its failure, is told, or the hold runs out.
+type holdMark struct {
+	owner   string
+	publish uint64
+	// rec is the record sent ahead, with a small file's bytes, if told
+	// (Path is empty if not).
+	rec   hfl.Record
+	until time.Time
+	// overtaken: another change of the path was told meanwhile, so rec
+	// may not be what the namespace shows once the hold ends.
+	overtaken bool
+}
+
+// settleWait bounds how long a lookup of a path held back waits for the
+// commit's notice before it reads the store.
+const settleWait = time.Second
 
 // maxHolderAhead bounds the records sent ahead that a holder keeps.
 const maxHolderAhead = 256
@@ -98,12 +128,22 @@ const maxHolderBytes = 8 << 20
 type flight struct {
 	users  int
 	broken bool
+	// ended are the holds (see holdMark) whose end was told meanwhile:
+	// an answer that the path is held back for one of them is late.
+	ended []holdKey
+}
+
+// holdKey names the publish a path is held back for.
+type holdKey struct {
+	owner   string
+	publish uint64
 }
 
 func newHolderSide(n *Protocol) *holderSide {
 	return &holderSide{n: n, known: make(map[string]*known), order: list.New(), lists: make(map[string]*knownListing),
 		flights: make(map[string]*flight), bytes: make(map[string]hfl.Record), ahead: make(aheadRecords),
-		misses: make(map[string]missCount), tooLarge: make(map[string]time.Time)}
+		misses: make(map[string]missCount), tooLarge: make(map[string]time.Time),
+		marks: make(map[string]*holdMark), markedDirs: make(map[string]int), settled: make(chan struct{})}
 }
 
 // promiseFrom makes the promise of a reply from home m, sent at sent.
@@ -142,6 +182,9 @@ func (s *holderSide) lookup(p string) (rec hfl.Record, exists bool, gen uint64, 
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.heldLocked(p, now) {
+		return hfl.Record{}, false, 0, false
+	}
 	if k := s.known[p]; k != nil && s.validLocked(&k.p, dir, now) {
 		s.order.MoveToFront(k.elem)
 		return k.rec, k.exists, k.gen, true
@@ -169,7 +212,8 @@ func (s *holderSide) listing(dir string) ([]hfl.Record, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := s.lists[dir]
-	if l == nil || !s.validLocked(&l.p, dir, time.Now()) {
+	now := time.Now()
+	if l == nil || !s.validLocked(&l.p, dir, now) || s.heldDirLocked(dir, now) {
 		return nil, false
 	}
 	if l.sorted == nil {
@@ -398,19 +442,180 @@ func (s *holderSide) aheadOf(p string) (hfl.Record, bool) {
 	return rec, true
 }
 
-// brokenBy takes a break this node sent itself, as its own home.
-func (s *holderSide) brokenBy(msg notice) {
-	s.broken(s.n.self.Node, msg.Path, msg.Rec, msg.Gen, msg.Listing, msg.ListingEnded, msg.Held)
+// markLocked holds p back for owner's publish publish, sent ahead as rec
+// (Path empty if not told), until the commit is told or until.
+func (s *holderSide) markLocked(p, owner string, publish uint64, rec hfl.Record, until time.Time) {
+	if !inlineFits(rec) {
+		rec.Inline = nil
+	}
+	m := s.marks[p]
+	if m == nil {
+		if len(s.marks) >= maxMarks {
+			now := time.Now()
+			for q := range s.marks {
+				s.heldLocked(q, now) // ends those run out
+			}
+		}
+		m = &holdMark{}
+		s.marks[p] = m
+		dir, _ := hfl.SplitPath(p)
+		s.markedDirs[dir]++
+	}
+	*m = holdMark{owner: owner, publish: publish, rec: rec, until: until}
 }
 
-// broken takes a change of p that home from tells: the record (maybe
-// provisional, or being written), or nil for a removal at generation gen.
-// What this node knew of p is replaced (under a renewed promise if held:
-// the home keeps this node as a holder of p), its listing of p's directory
-// updated (listing: this node holds it; ended: no longer), waits for p
-// woken, and the managed directory told, to drop copies that are now
-// stale.
-func (s *holderSide) broken(from, p string, rec *hfl.Record, gen uint64, listing, ended, held bool) {
+// maxMarks is how many holds a node keeps before it looks for those run
+// out (a hold ends with its commit's notice; only lost ones run out).
+const maxMarks = 1024
+
+// unmarkLocked ends the hold of p, and wakes the lookups that wait.
+func (s *holderSide) unmarkLocked(p string) {
+	if _, ok := s.marks[p]; !ok {
+		return
+	}
+	delete(s.marks, p)
+	dir, _ := hfl.SplitPath(p)
+	if s.markedDirs[dir]--; s.markedDirs[dir] <= 0 {
+		delete(s.markedDirs, dir)
+	}
+	close(s.settled)
+	s.settled = make(chan struct{})
+}
+
+// heldLocked reports whether p is held back at now. A hold that ran out
+// ends, and with it what this node knew of p: the commit's notice was
+// missed, so p is asked about again, and its directory's listing read
+// again.
+func (s *holderSide) heldLocked(p string, now time.Time) bool {
+	m := s.marks[p]
+	if m == nil {
+		return false
+	}
+	if now.Before(m.until) {
+		return true
+	}
+	s.unmarkLocked(p)
+	if k := s.known[p]; k != nil {
+		k.p = promise{}
+	}
+	dir, _ := hfl.SplitPath(p)
+	if _, ok := s.lists[dir]; ok {
+		delete(s.lists, dir)
+		if local := s.n.env.Local; local != nil {
+			workers.Go(func() { local.ListingDropped(dir) })
+		}
+	}
+	return false
+}
+
+// heldDirLocked reports whether a path of directory dir is held back.
+func (s *holderSide) heldDirLocked(dir string, now time.Time) bool {
+	if s.markedDirs[dir] == 0 {
+		return false
+	}
+	held := false
+	for p := range s.marks {
+		if d, _ := hfl.SplitPath(p); d == dir && s.heldLocked(p, now) {
+			held = true
+		}
+	}
+	return held
+}
+
+// markAsked holds p back as its home answered the question about it now
+// in flight (see reply.Pending), unless a change of p was told meanwhile
+// (the commit's notice may come before the answer; a record held back
+// told meanwhile marked p itself).
+func (s *holderSide) markAsked(p, owner string, publish uint64, rec hfl.Record) {
+	if rec.Owner != owner || !rec.Provisional {
+		rec = hfl.Record{}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := s.flights[p]
+	if f == nil || slices.Contains(f.ended, holdKey{owner, publish}) {
+		return
+	}
+	s.markLocked(p, owner, publish, rec, time.Now().Add(pendingHold))
+	if f.broken {
+		s.marks[p].overtaken = true // another change was told meanwhile
+	}
+}
+
+// unmarkAnswered ends the hold of p when its home answered the question
+// about it now in flight without holding it back, and nothing was told
+// meanwhile: the hold ended there, and its end did not reach this node
+// (a listing it ended, a notice lost).
+func (s *holderSide) unmarkAnswered(p string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f := s.flights[p]; f != nil && !f.broken {
+		s.unmarkLocked(p)
+	}
+}
+
+// waitSettled waits, at most settleWait, until p (or every path of
+// directory dir, with dir) is no longer held back, and reports whether
+// it is not.
+func (s *holderSide) waitSettled(ctx context.Context, p string, dir bool) bool {
+	var limit *time.Timer
+	for {
+		now := time.Now()
+		s.mu.Lock()
+		held := false
+		if dir {
+			held = s.heldDirLocked(p, now)
+		} else {
+			held = s.heldLocked(p, now)
+		}
+		ch := s.settled
+		s.mu.Unlock()
+		if !held {
+			return true
+		}
+		if limit == nil {
+			limit = time.NewTimer(settleWait)
+			defer limit.Stop()
+		}
+		select {
+		case <-ch:
+		case <-limit.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// markedRecord returns the record sent ahead of the commit p is held back
+// for, unless another change of p was told meanwhile.
+func (s *holderSide) markedRecord(p string) (hfl.Record, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.marks[p]
+	if m == nil || m.overtaken || m.rec.Path == "" || !s.heldLocked(p, time.Now()) {
+		return hfl.Record{}, false
+	}
+	return m.rec, true
+}
+
+// brokenBy takes a break this node sent itself, as its own home.
+func (s *holderSide) brokenBy(msg notice) {
+	s.broken(s.n.self.Node, msg)
+}
+
+// broken takes a break from home from: a change of msg.Path, its record
+// msg.Rec (maybe provisional, or being written; its bytes in Inline), or
+// nil for a removal at generation msg.Gen. What this node knew of the
+// path is replaced (under a renewed promise if msg.Held: the home keeps
+// this node as a holder of it), its listing of the path's directory
+// updated (msg.Listing: this node holds it; msg.ListingEnded: no
+// longer), waits for the path woken, and the managed directory told, to
+// drop copies that are now stale. A provisional record told with Sync
+// (see reply.Pending) holds back what this node knows of the path, which
+// its commit, told next, would change.
+func (s *holderSide) broken(from string, msg notice) {
+	p, rec, gen, listing, ended, held := msg.Path, msg.Rec, msg.Gen, msg.Listing, msg.ListingEnded, msg.Held
 	n := s.n
 	n.broken.Add(1)
 	dir, name := hfl.SplitPath(p)
@@ -423,8 +628,12 @@ func (s *holderSide) broken(from, p string, rec *hfl.Record, gen uint64, listing
 		state = *rec
 	}
 	s.mu.Lock()
+	ends := exists && msg.Publish != 0 && (!state.Provisional || msg.Settle) // a hold's end
 	if f := s.flights[p]; f != nil {
 		f.broken = true
+		if ends {
+			f.ended = append(f.ended, holdKey{state.Owner, msg.Publish})
+		}
 	}
 	if f := s.flights[dir+"/"]; f != nil && listing {
 		f.broken = true // a listing being read may be older than this
@@ -451,8 +660,34 @@ func (s *holderSide) broken(from, p string, rec *hfl.Record, gen uint64, listing
 			l.p = promise{home: m, epoch: epoch, expires: now.Add(n.t.promiseTTL - n.t.promiseMargin)}
 		}
 	}
+	holdsBack := state.Provisional && msg.Sync && !msg.Settle
+	if m := s.marks[p]; m != nil {
+		switch {
+		case holdsBack:
+		case ends && m.owner == state.Owner && m.publish == msg.Publish:
+			s.unmarkLocked(p) // its commit, or its failure
+		case !state.Provisional:
+			m.overtaken = true
+		}
+	}
+	if holdsBack && (held || (listing && !ended)) {
+		// Held back where this node holds a promise: its own for the
+		// path, or its directory's listing. A listing this break ends
+		// answers nothing more anyway.
+		s.markLocked(p, state.Owner, msg.Publish, state, now.Add(pendingHold))
+		if k := s.known[p]; k != nil {
+			k.p = promise{} // asked again if the hold runs out
+			if k.gen > 0 && (!k.exists || k.rec.Owner != state.Owner) {
+				// Another change is known: whether this version
+				// comes after it is known once its commit is told.
+				s.marks[p].overtaken = true
+			}
+		}
+	}
 	if state.Provisional {
-		s.keepAheadLocked(dir, name, state, now)
+		if !msg.Settle {
+			s.keepAheadLocked(dir, name, state, now)
+		}
 	} else {
 		delete(s.ahead, p)
 	}
@@ -469,20 +704,22 @@ func (s *holderSide) broken(from, p string, rec *hfl.Record, gen uint64, listing
 		}
 	}
 	s.mu.Unlock()
-	if exists {
+	if exists && !msg.Settle {
 		n.env.Waits.Fire(p, &state, false)
 	}
 	if exists && !state.Provisional {
 		s.keepBytes(state)
 	}
-	if local := n.env.Local; local != nil && !state.Provisional && !stale {
+	if local := n.env.Local; local != nil && (holdsBack || !state.Provisional) && !stale {
+		// A record held back is told too: a new version is coming, so
+		// what the kernel cached of the old one goes now.
 		if !exists {
 			state.Generation = gen // the removal's
 		}
 		local.Invalidated(p, state, exists)
-		if listing && ended {
-			local.ListingDropped(dir)
-		}
+	}
+	if local := n.env.Local; local != nil && listing && ended {
+		local.ListingDropped(dir)
 	}
 }
 

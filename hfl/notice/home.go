@@ -27,6 +27,13 @@ const (
 	// between: at most maxAhead of them, none older than aheadTTL.
 	maxAhead = 4096
 	aheadTTL = 10 * time.Second
+	// pendingHold bounds how long a path is held back after its owner
+	// sent its record ahead with Sync (see reply.Pending), at its home
+	// and at the nodes told: the owner's commit and its notice come well
+	// within it; an owner that dies meanwhile costs the nodes that look
+	// the path up a wait (see settleWait) and a store read each, until
+	// it runs out.
+	pendingHold = 5 * time.Second
 )
 
 type homeSide struct {
@@ -44,6 +51,9 @@ type homeSide struct {
 	revoking map[string]time.Time
 	// maxListers is maxListers (tests lower it).
 	maxListers int
+	// pending holds the paths whose entries hold back (see
+	// homeEntry.pendingUntil).
+	pending map[string]struct{}
 }
 
 // homeDir is a directory this node is (or was) home of.
@@ -59,6 +69,9 @@ type homeDir struct {
 	// listing alone (a copy made under it) must not miss a change that
 	// comes meanwhile.
 	ending map[string]time.Time
+	// npending counts the entries that hold promises back (see
+	// homeEntry.pendingUntil): a listing read meanwhile gets none.
+	npending int
 }
 
 // homeEntry is what the home knows of one path, and its holders.
@@ -69,6 +82,16 @@ type homeEntry struct {
 	gen    uint64
 	// holders: node -> when its promise was made or renewed.
 	holders map[string]time.Time
+	// pendingUntil, while it is in the future, says that the publish
+	// pendingPublish of node pendingOwner was sent ahead with Sync and
+	// is not told committed yet: the holders were told it is coming, and
+	// an asker gets neither this home's state nor a promise, since what
+	// it reads of the store may be older than the commit that the
+	// owner's close returns after. Run out, the commit's notice was
+	// missed, and the state known here is forgotten with it.
+	pendingUntil   time.Time
+	pendingOwner   string
+	pendingPublish uint64
 }
 
 type aheadRecord struct {
@@ -114,7 +137,7 @@ func (a aheadRecords) expire(now time.Time) {
 
 func newHomeSide(n *Protocol) *homeSide {
 	return &homeSide{n: n, dirs: make(map[string]*homeDir), ahead: make(aheadRecords), held: newHeldData(),
-		revoking: make(map[string]time.Time), maxListers: maxListers}
+		revoking: make(map[string]time.Time), maxListers: maxListers, pending: make(map[string]struct{})}
 }
 
 // entryLocked returns the entry of p, made if need be.
@@ -239,17 +262,37 @@ func (h *homeSide) endTold(p, node string, granted time.Time) {
 // holders, which wait for it; a committed or a writing one becomes the
 // path's state, told to every holder (all of them before the reply, with
 // sync). The owner becomes a holder.
-func (h *homeSide) published(ctx context.Context, from string, rec hfl.Record, publish uint64, sync, forwarded bool) reply {
+func (h *homeSide) published(ctx context.Context, from string, rec hfl.Record, publish uint64, sync, forwarded, settle bool) reply {
 	n := h.n
 	now := time.Now()
 	r := reply{Home: n.self.Started}
 	h.mu.Lock()
 	d, e := h.entryLocked(rec.Path)
-	if rec.Provisional {
-		if rec.Inline != nil {
-			h.held.put(rec, publish)
+	if rec.Provisional && settle {
+		// The owner's commit failed: what was held back for it is as
+		// it was.
+		var targets []target
+		if e.pendingOwner == rec.Owner && e.pendingPublish == publish {
+			h.settleLocked(d, e, rec.Path)
+			targets = h.takeTargetsLocked(d, e, from, now)
 		}
-		h.keepAheadLocked(rec, now)
+		h.mu.Unlock()
+		h.tell(ctx, rec.Path, targets, notice{Kind: kindBreak, Path: rec.Path, Rec: &rec, Publish: publish, Settle: true}, false)
+		return r
+	}
+	if rec.Provisional {
+		h.takeAheadLocked(rec, publish, now)
+		if sync && !forwarded && h.holdBackLocked(d, e, rec, publish, now) {
+			// Every holder and lister hears that the commit is coming
+			// before the owner's close may return, as they would hear
+			// the commit itself; the commit's notice then follows
+			// aside.
+			targets := h.takeTargetsLocked(d, e, from, now)
+			h.mu.Unlock()
+			h.tell(ctx, rec.Path, targets, holdBreak(rec, publish), true)
+			r.Pending = true
+			return r
+		}
 		var targets []target
 		for node, at := range e.holders {
 			if node != from {
@@ -271,12 +314,24 @@ func (h *homeSide) published(ctx context.Context, from string, rec hfl.Record, p
 		h.tell(ctx, rec.Path, targets, notice{Kind: kindBreak, Path: rec.Path, Rec: &rec, Inline: rec.Inline}, false)
 		return r
 	}
+	settled := false
+	if e.pendingOwner == rec.Owner && e.pendingPublish == publish {
+		settled = true
+		h.settleLocked(d, e, rec.Path)
+	}
 	if e.known && e.gen >= rec.Generation {
 		// An older notice, overtaken: the sender is not registered,
 		// and hears what the path is now (it may have lost a race to
-		// write the path).
+		// write the path). What was held back for it ends.
 		h.overtakenLocked(e, &r)
+		var targets []target
+		if settled {
+			targets = h.takeTargetsLocked(d, e, from, now)
+		}
 		h.mu.Unlock()
+		ahead := rec
+		ahead.Provisional, ahead.Generation = true, 0
+		h.tell(ctx, rec.Path, targets, notice{Kind: kindBreak, Path: rec.Path, Rec: &ahead, Publish: publish, Settle: true}, false)
 		return r
 	}
 	if !e.known {
@@ -311,8 +366,43 @@ func (h *homeSide) published(ctx context.Context, from string, rec hfl.Record, p
 		rec.Inline = inline
 		fwd = &notice{Kind: kindPublished, Rec: &rec, Inline: inline, Publish: publish, Sync: sync, Forwarded: true}
 	}
-	h.tellAndForward(ctx, rec.Path, targets, notice{Kind: kindBreak, Path: rec.Path, Rec: &told, Inline: told.Inline}, sync, fwd, from)
+	h.tellAndForward(ctx, rec.Path, targets, notice{Kind: kindBreak, Path: rec.Path, Rec: &told, Inline: told.Inline, Publish: publish}, sync, fwd, from)
 	return r
+}
+
+// holdBackHere is published's hold for a record rec sent ahead with Sync by
+// this node, its home: it reports whether the path is held back, and
+// returns the telling of its holders and listers, to run alongside the
+// commit (nil: nobody to tell).
+func (h *homeSide) holdBackHere(ctx context.Context, rec hfl.Record, publish uint64) (bool, func()) {
+	now := time.Now()
+	h.mu.Lock()
+	d, e := h.entryLocked(rec.Path)
+	h.takeAheadLocked(rec, publish, now)
+	if !h.holdBackLocked(d, e, rec, publish, now) {
+		h.mu.Unlock()
+		return false, nil
+	}
+	targets := h.takeTargetsLocked(d, e, h.n.self.Node, now)
+	h.mu.Unlock()
+	if len(targets) == 0 {
+		return true, nil
+	}
+	return true, func() { h.tell(ctx, rec.Path, targets, holdBreak(rec, publish), true) }
+}
+
+// holdBreak is the break that tells a holder to hold rec's path back for
+// its publish publish (see reply.Pending).
+func holdBreak(rec hfl.Record, publish uint64) notice {
+	return notice{Kind: kindBreak, Path: rec.Path, Rec: &rec, Inline: rec.Inline, Publish: publish}
+}
+
+// takeAheadLocked keeps rec, sent ahead of its commit, and its bytes.
+func (h *homeSide) takeAheadLocked(rec hfl.Record, publish uint64, now time.Time) {
+	if rec.Inline != nil {
+		h.held.put(rec, publish)
+	}
+	h.keepAheadLocked(rec, now)
 }
 
 // tellAndForward tells targets of a change of p (see tell) and passes
@@ -427,11 +517,15 @@ func (h *homeSide) ask(from, p string, after uint64, withAhead bool) reply {
 	r := reply{Home: n.self.Started}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	_, e := h.entryLocked(p)
+	d, e := h.entryLocked(p)
 	if !h.holdLocked(e, from, now) {
 		r.NoPromise = true
 	}
-	if e.known {
+	if h.pendingLocked(d, e, p, now) {
+		// The asker waits for the commit's notice, which it is
+		// registered for, and keeps nothing meanwhile.
+		r.NoPromise, r.Pending, r.PendingOwner, r.PendingPublish = true, true, e.pendingOwner, e.pendingPublish
+	} else if e.known {
 		r.Known, r.Gen = true, e.gen
 		if e.exists {
 			rec := h.held.attach(e.rec)
@@ -469,7 +563,11 @@ func (h *homeSide) list(from, dir string) reply {
 		}
 		h.nholders++
 	}
-	d.listers[from] = time.Now()
+	now := time.Now()
+	d.listers[from] = now
+	if h.expirePendingLocked(now); d.npending > 0 {
+		r.NoPromise = true // registered, but what it reads may miss a commit
+	}
 	return r
 }
 
@@ -634,7 +732,7 @@ func (h *homeSide) evictLocked() {
 	}
 	for dir, d := range h.dirs {
 		for name, e := range d.entries {
-			if len(e.holders) == 0 && e.known {
+			if len(e.holders) == 0 && e.known && e.pendingUntil.IsZero() {
 				delete(d.entries, name)
 				h.nknown--
 				h.held.drop(path.Join(dir, name), "")
@@ -678,7 +776,7 @@ func (h *homeSide) dropHoldersLocked(drop func(holder string, at time.Time) bool
 					h.nholders--
 				}
 			}
-			if !e.known && len(e.holders) == 0 {
+			if !e.known && len(e.holders) == 0 && e.pendingUntil.IsZero() {
 				delete(d.entries, name)
 			}
 		}
@@ -693,8 +791,71 @@ func (h *homeSide) dropHoldersLocked(drop func(holder string, at time.Time) bool
 func (h *homeSide) expire(now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.expirePendingLocked(now)
 	h.dropHoldersLocked(func(_ string, at time.Time) bool { return now.Sub(at) > h.n.t.promiseTTL })
 	h.ahead.expire(now)
+}
+
+// holdBackLocked marks e, the entry of rec's path in d, as holding back
+// for the publish publish of rec, sent ahead (see homeEntry.pendingUntil),
+// and reports whether it did. It does not when the holders may have
+// registered at another home too (the members are changing: that home
+// hears only the commit, so the owner waits for it), nor while another
+// owner's publish holds e back.
+func (h *homeSide) holdBackLocked(d *homeDir, e *homeEntry, rec hfl.Record, publish uint64, now time.Time) bool {
+	if _, other := h.forwardTo(rec.Path, rec.Owner); other {
+		return false
+	}
+	if h.pendingLocked(d, e, rec.Path, now) && e.pendingOwner != rec.Owner {
+		return false
+	}
+	if e.pendingUntil.IsZero() {
+		d.npending++
+		h.pending[rec.Path] = struct{}{}
+	}
+	e.pendingUntil, e.pendingOwner, e.pendingPublish = now.Add(pendingHold), rec.Owner, publish
+	return true
+}
+
+// pendingLocked reports whether e, the entry of p in d, holds back at now.
+// A hold run out ends, and the state known here with it: the commit's
+// notice was missed (see homeEntry.pendingUntil).
+func (h *homeSide) pendingLocked(d *homeDir, e *homeEntry, p string, now time.Time) bool {
+	if e.pendingUntil.IsZero() {
+		return false
+	}
+	if now.Before(e.pendingUntil) {
+		return true
+	}
+	h.settleLocked(d, e, p)
+	if e.known {
+		e.known = false
+		h.nknown--
+	}
+	return false
+}
+
+// settleLocked ends the hold of e, the entry of p in d.
+func (h *homeSide) settleLocked(d *homeDir, e *homeEntry, p string) {
+	if !e.pendingUntil.IsZero() {
+		e.pendingUntil, e.pendingOwner, e.pendingPublish = time.Time{}, "", 0
+		d.npending--
+		delete(h.pending, p)
+	}
+}
+
+// expirePendingLocked ends the holds run out at now.
+func (h *homeSide) expirePendingLocked(now time.Time) {
+	for p := range h.pending {
+		dir, name := hfl.SplitPath(p)
+		if d := h.dirs[dir]; d != nil {
+			if e := d.entries[name]; e != nil {
+				h.pendingLocked(d, e, p, now)
+				continue
+			}
+		}
+		delete(h.pending, p) // not reached: entries that hold back stay
+	}
 }
 
 // holders counts the promises this home keeps.

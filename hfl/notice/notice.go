@@ -119,6 +119,12 @@ type notice struct {
 	Held bool
 	// Forwarded: a new home passing a change on to the previous one.
 	Forwarded bool
+	// Settle, with a provisional Rec: the hold of its publish (Publish)
+	// ends without its commit. From the owner: the commit failed; from
+	// the home, in a break: that, or the commit was overtaken by a newer
+	// change (told apart). A committed record's break carries Publish,
+	// which ends the hold of that publish too (see reply.Pending).
+	Settle bool
 }
 
 // kind is what a notice says.
@@ -155,8 +161,19 @@ type reply struct {
 	Known bool
 	Gen   uint64
 	Home  time.Time
-	// NoPromise: the home keeps too many holders to register one more.
+	// NoPromise: the home keeps too many holders to register one more,
+	// or it holds its promises on the path back (see Pending).
 	NoPromise bool
+	// Pending answers a record sent ahead with Sync: the home told every
+	// holder of the path, and every lister of its directory, that its
+	// commit is coming, and holds the path back until the commit is told
+	// (see homeEntry.pendingUntil). The owner's waiting close then need
+	// not wait for the home once its commit is done. To a question, it
+	// says that the path is held back for PendingOwner's publish
+	// PendingPublish: the asker waits for its commit's notice.
+	Pending        bool
+	PendingOwner   string
+	PendingPublish uint64
 }
 
 // Protocol sends and answers notices for one node: the members, the home
@@ -527,7 +544,7 @@ func (n *Protocol) handle(ctx context.Context, from string, in notice) ([]byte, 
 		if !inlineFits(rec) {
 			return nil, fmt.Errorf("bad notice: %d bytes sent with a record of %s of %d bytes", len(rec.Inline.Data), rec.Path, rec.Size)
 		}
-		r := n.home.published(ctx, from, rec, in.Publish, in.Sync, in.Forwarded)
+		r := n.home.published(ctx, from, rec, in.Publish, in.Sync, in.Forwarded, in.Settle)
 		r.Inline = nil
 		return encodeReply(r), nil
 	case kindUnpublished:
@@ -565,10 +582,9 @@ func (n *Protocol) handle(ctx context.Context, from string, in notice) ([]byte, 
 			if rec.Path != in.Path || !inlineFits(rec) {
 				return nil, fmt.Errorf("bad notice: a break of %s with record %+v", in.Path, *in.Rec)
 			}
-			n.holder.broken(from, in.Path, &rec, 0, in.Listing, in.ListingEnded, in.Held)
-		} else {
-			n.holder.broken(from, in.Path, nil, in.Gen, in.Listing, in.ListingEnded, in.Held)
+			in.Rec, in.Gen = &rec, 0
 		}
+		n.holder.broken(from, in)
 		return nil, nil
 	}
 	return nil, fmt.Errorf("bad notice: unknown kind %v", in.Kind)

@@ -52,11 +52,17 @@ type memNet struct {
 	// long more one takes to reach the node.
 	delay time.Duration
 	slow  map[string]time.Duration
+	// lose, if set, says which messages are lost (the sender is told the
+	// node cannot be reached).
+	lose func(from, node string, msg []byte) bool
 }
 
 func (p *memPeers) Message(ctx context.Context, addr, node string, msg []byte) ([]byte, error) {
 	p.net.mu.Lock()
 	l, down, delay := p.net.locs[addr], p.net.down[node] || p.net.down[p.from], p.net.delay+p.net.slow[node]
+	if lose := p.net.lose; lose != nil && lose(p.from, node, msg) {
+		down = true
+	}
 	p.net.mu.Unlock()
 	if delay > 0 {
 		time.Sleep(delay)

@@ -754,3 +754,209 @@ func TestPublishAndTellBeforeItReturns(t *testing.T) {
 		}
 	}
 }
+
+// TestCommitToldAsideKeepsCloseToOpen: a waiting close returns once the
+// store committed and the path's home told every holder, and every lister
+// of its directory, that the commit is coming; the commit itself reaches
+// the home aside. Until it does, no node answers from what it knew before
+// (a promise that the name is missing, a listing without it), the home
+// included: they wait a moment for the commit's notice, then read the
+// store. Once it comes, they answer from their promises again.
+func TestCommitToldAsideKeepsCloseToOpen(t *testing.T) {
+	locs, store, net, ctx, p := heldPathCluster(t, 3)
+	dir, _ := hfl.SplitPath(p)
+	reader, home := locs[1], locs[2]
+	for _, l := range []*node{reader, home} {
+		l.Record(ctx, p)
+		if _, lv, err := l.Record(ctx, p); !errors.Is(err, hfl.ErrNotFound) || lv != hfl.LevelCache {
+			t.Fatalf("%s: %v at %v; want missing, from a promise", p, err, lv)
+		}
+	}
+	if _, err := reader.List(ctx, dir, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	lists := store.lists.Load()
+	if recs, err := reader.List(ctx, dir, "", 0); err != nil || len(recs) != 0 || store.lists.Load() != lists {
+		t.Fatalf("listing %s again: %v, %v, %d store reads; want it empty, from the promise", dir, recs, err, store.lists.Load()-lists)
+	}
+	// Only the record sent ahead with Sync reaches a node from the
+	// writer: the commit's notice is lost until the test lets it go.
+	release := loseAllButHolds(net, "n0")
+	pub, err := locs[0].Publish(ctx, hfl.Record{Path: p, Owner: "n0", Mode: 0o100644, Size: 3}, closeTold)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for _, l := range []*node{reader, home} {
+		if rec, lv, err := l.Record(ctx, p); err != nil || rec.Generation != pub.Generation {
+			t.Fatalf("%s on %s while the commit's notice is lost: %+v at %v, %v; want generation %d", p, l.n.self.Node, rec, lv, err, pub.Generation)
+		}
+	}
+	if recs, err := reader.List(ctx, dir, "", 0); err != nil || len(recs) != 1 || recs[0].Generation != pub.Generation {
+		t.Fatalf("listing %s while the commit's notice is lost: %+v, %v; want %s at generation %d", dir, recs, err, p, pub.Generation)
+	}
+	if took := time.Since(start); took > 3*settleWait+2*time.Second {
+		t.Fatalf("three lookups took %v while the commit's notice was lost; want each to wait at most %v", took, settleWait)
+	}
+	release()
+	eventuallyTrue(t, "the commit told, and the reader's promise back", func() bool {
+		rec, lv, err := reader.Record(ctx, p)
+		return err == nil && rec.Generation == pub.Generation && lv == hfl.LevelCache
+	})
+}
+
+// TestHoldEndsOnlyWithItsCommit: a node that holds a path back for one
+// publish does not take the notice of another (an older rewrite's,
+// arriving late) for its end, and answers what the close that returned
+// committed.
+func TestHoldEndsOnlyWithItsCommit(t *testing.T) {
+	locs, _, net, ctx, p := heldPathCluster(t, 3)
+	writer, reader := locs[0], locs[1]
+	first, err := writer.Publish(ctx, hfl.Record{Path: p, Owner: "n0", Mode: 0o100644, Size: 1}, closeTold)
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstPublish := writer.n.publish.Load()
+	eventuallyTrue(t, "the reader holds the first version", func() bool {
+		rec, lv, err := reader.Record(ctx, p)
+		return err == nil && rec.Generation == first.Generation && lv == hfl.LevelCache
+	})
+	release := loseAllButHolds(net, "n0")
+	second, err := writer.Publish(ctx, hfl.Record{Path: p, Owner: "n0", Mode: 0o100644, Size: 2}, closeTold)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first version's notice, late, with the promise renewed.
+	late := first
+	reader.n.holder.broken("n2", notice{Kind: kindBreak, Path: p, Rec: &late, Publish: firstPublish, Held: true})
+	if rec, lv, err := reader.Record(ctx, p); err != nil || rec.Generation != second.Generation {
+		t.Fatalf("after a late notice of the first version: %+v at %v, %v; want generation %d", rec, lv, err, second.Generation)
+	}
+	release()
+}
+
+// TestHoldEndsWithAFailedCommit: a commit that fails after its home held
+// the path back ends the hold at once (nothing changed), instead of
+// leaving the nodes told to wait for it until the hold runs out.
+func TestHoldEndsWithAFailedCommit(t *testing.T) {
+	locs, store, _, ctx, p := heldPathCluster(t, 3)
+	reader := locs[1]
+	reader.Record(ctx, p)
+	store.publishGate = make(chan struct{})
+	defer close(store.publishGate)
+	pctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	_, err := locs[0].Publish(pctx, hfl.Record{Path: p, Owner: "n0", Mode: 0o100644, Size: 3}, closeTold)
+	cancel()
+	if err == nil {
+		t.Fatal("a publish the store never took succeeded")
+	}
+	poll.Until(t, settleWait/2, "the reader no longer holds the path back", func() bool {
+		reader.n.holder.mu.Lock()
+		defer reader.n.holder.mu.Unlock()
+		return len(reader.n.holder.marks) == 0
+	})
+	if _, lv, err := reader.Record(ctx, p); !errors.Is(err, hfl.ErrNotFound) {
+		t.Fatalf("after the failed publish: %v at %v; want missing", err, lv)
+	}
+}
+
+// loseAllButHolds makes net lose every message node from sends but the
+// records it sends ahead with Sync (a hold's: see reply.Pending), until
+// release is called.
+func loseAllButHolds(net *memNet, from string) (release func()) {
+	var lost atomic.Bool
+	lost.Store(true)
+	net.mu.Lock()
+	net.lose = func(sender, _ string, msg []byte) bool {
+		if sender != from || !lost.Load() {
+			return false
+		}
+		in, err := decodeNotice(msg)
+		return err != nil || in.Kind != kindPublished || in.Rec == nil || !in.Rec.Provisional || !in.Sync
+	}
+	net.mu.Unlock()
+	return func() { lost.Store(false) }
+}
+
+// heldPathCluster is promiseCluster with a test's context and a path p
+// whose home is n2.
+func heldPathCluster(t *testing.T, n int) ([]*node, *countingStore, *memNet, context.Context, string) {
+	locs, _, store, net := promiseCluster(t, n)
+	return locs, store, net, testContext(t), homeDirFor(locs, "n2") + "/f"
+}
+
+// homeDirFor returns a directory whose home is node want.
+func homeDirFor(locs []*node, want string) string {
+	dir := "d"
+	for i := 0; locs[0].n.HomeOf(dir+"/f") != want; i++ {
+		dir = fmt.Sprintf("d%d", i)
+	}
+	return dir
+}
+
+// marksOf counts the paths node l holds back.
+func marksOf(l *node) int {
+	l.n.holder.mu.Lock()
+	defer l.n.holder.mu.Unlock()
+	return len(l.n.holder.marks)
+}
+
+// TestEndedListerHoldsNothingBack: a lister whose listing the hold's break
+// ends (too many listers) has no promise left to hold back, and is not
+// told the commit as a lister: it does not hold the path back, and its
+// lookups do not wait for a notice that is not coming.
+func TestEndedListerHoldsNothingBack(t *testing.T) {
+	locs, _, _, ctx, p := heldPathCluster(t, 3)
+	dir, _ := hfl.SplitPath(p)
+	reader, home := locs[1], locs[2]
+	if _, err := reader.List(ctx, dir, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	home.n.home.mu.Lock()
+	home.n.home.maxListers = 0
+	home.n.home.mu.Unlock()
+	pub, err := locs[0].Publish(ctx, hfl.Record{Path: p, Owner: "n0", Mode: 0o100644, Size: 3}, closeTold)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := marksOf(reader); n != 0 {
+		t.Fatalf("the ended lister holds %d paths back", n)
+	}
+	if rec, lv, err := reader.Record(ctx, p); err != nil || rec.Generation != pub.Generation {
+		t.Fatalf("the ended lister finds %+v at %v, %v; want generation %d", rec, lv, err, pub.Generation)
+	}
+}
+
+// TestHoldKeptThroughAnotherChangeInFlight: a node whose question finds
+// the path held back for one publish, while another writer's older change
+// is told to it, still holds the path back, and answers what the close
+// that returned committed.
+func TestHoldKeptThroughAnotherChangeInFlight(t *testing.T) {
+	locs, store, net, ctx, p := heldPathCluster(t, 4)
+	reader, home := locs[1], locs[2]
+	// B (n3) commits first; its notice comes late.
+	outB, err := store.Publish(ctx, locs[3].Slot(p), hfl.Record{Path: p, Owner: "n3", Mode: 0o100644, Size: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := loseAllButHolds(net, "n0")
+	defer release()
+	pubA, err := locs[0].Publish(ctx, hfl.Record{Path: p, Owner: "n0", Mode: 0o100644, Size: 3}, closeTold)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A's close returned. The reader's question, step by step, with B's
+	// notice reaching the home (and the reader) while the answer flies.
+	h := reader.n.holder
+	h.startFlight(p)
+	r := home.n.home.ask("n1", p, 0, false)
+	home.n.home.published(ctx, "n3", outB, 1, true, false, false)
+	if !r.Pending {
+		t.Fatal("the home does not hold the path back")
+	}
+	h.markAsked(p, r.PendingOwner, r.PendingPublish, hfl.Record{})
+	h.endFlight(p)
+	if rec, lv, err := reader.Record(ctx, p); err != nil || rec.Generation != pubA.Generation {
+		t.Fatalf("the reader finds %+v at %v, %v after A's close returned; want A's generation %d (B's is %d)", rec, lv, err, pubA.Generation, outB.Generation)
+	}
+}
