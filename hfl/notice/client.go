@@ -41,9 +41,11 @@ func (n *Protocol) Publish(ctx context.Context, rec hfl.Record, inline *hfl.Inli
 		// home held the path back (every holder heard the commit is
 		// coming, and no promise is made on it until told), the
 		// close need not wait for the home again. A commit that took
-		// longer than the home holds back waits for it as before.
+		// longer than a lookup waits for a hold to end (settleWait:
+		// such a lookup may have read the store before the commit
+		// landed) waits for the home, as without a hold.
 		took := <-held
-		if took && err == nil && time.Since(start) < pendingHold/2 {
+		if took && err == nil && time.Since(start) < settleWait {
 			n.holder.madeHere(out.Path, out, true, out.Generation)
 			n.tellHome(out, publish, nil)
 			return out, nil
@@ -122,7 +124,7 @@ func (n *Protocol) State(ctx context.Context, path string) (hfl.State, error) {
 	if st, ok := n.Known(path); ok {
 		return st, nil
 	}
-	settled := n.holder.waitSettled(ctx, path, false)
+	settled := n.holder.waitSettled(ctx, path)
 	if settled {
 		// Held back for a commit that was then told (or not held).
 		if st, ok := n.Known(path); ok {
@@ -140,10 +142,11 @@ func (n *Protocol) State(ctx context.Context, path string) (hfl.State, error) {
 		}
 	}
 	a := n.ask(ctx, path, 0, false)
-	if a.pending && settled && n.holder.waitSettled(ctx, path, false) {
+	if a.pending && settled && n.holder.waitSettled(ctx, path) {
 		// Held back at the home: its commit's notice is told to this
 		// node (registered), unless it was waited for in vain above.
 		if st, ok := n.Known(path); ok {
+			a.endFlight()
 			return st, nil
 		}
 	}
@@ -201,12 +204,7 @@ func (n *Protocol) Hold(ctx context.Context, path string, own bool) {
 // (first page only) if dir is small enough to keep.
 func (n *Protocol) List(ctx context.Context, dir string, first bool) ([]hfl.Record, bool, error) {
 	if recs, ok := n.holder.listing(dir); ok {
-		return recs, true, nil
-	}
-	if n.holder.waitSettled(ctx, dir, true) {
-		if recs, ok := n.holder.listing(dir); ok {
-			return recs, true, nil
-		}
+		return recs, true, nil // not while a path of dir is held back
 	}
 	if first && n.holder.listable(dir, time.Now()) {
 		return n.readListing(ctx, dir)
@@ -680,7 +678,7 @@ func (n *Protocol) Await(ctx context.Context, w *hfl.Watch, after uint64, ahead 
 			}
 			w.Rearm()
 		}
-		if !n.holder.holds(path) && (graceOver || !n.holder.holdsListing(dir)) {
+		if !n.holder.holds(path) && !n.holder.heldBack(path) && (graceOver || !n.holder.holdsListing(dir)) {
 			// Not registered at the home yet (or no longer), for the
 			// path or its directory's listing (whose listers the
 			// home tells of records sent ahead too), or waiting
@@ -692,8 +690,8 @@ func (n *Protocol) Await(ctx context.Context, w *hfl.Watch, after uint64, ahead 
 			if a.answered && a.exists && newer(a.rec) {
 				return a.rec, nil
 			}
-			if !a.registered {
-				toStore()
+			if !a.registered && !a.pending {
+				toStore() // the home tells this node of nothing
 			}
 		}
 		if rec, exists, _, ok := n.holder.lookup(path); ok && exists && newer(rec) {

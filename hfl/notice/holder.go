@@ -133,6 +133,10 @@ type flight struct {
 	ended []holdKey
 }
 
+// maxFlightEnds bounds the holds' ends a flight notes (questions that
+// keep overlapping keep it going): one not noted costs a wait.
+const maxFlightEnds = 16
+
 // holdKey names the publish a path is held back for.
 type holdKey struct {
 	owner   string
@@ -523,10 +527,15 @@ func (s *holderSide) heldDirLocked(dir string, now time.Time) bool {
 }
 
 // markAsked holds p back as its home answered the question about it now
-// in flight (see reply.Pending), unless a change of p was told meanwhile
-// (the commit's notice may come before the answer; a record held back
-// told meanwhile marked p itself).
+// in flight (see reply.Pending): held back for owner's publish publish,
+// sent ahead as rec. Not if this node is the owner (its own commit's
+// notice goes to the home, not here), nor if that hold's end was told
+// meanwhile; a hold told meanwhile by a break stands (it is that one, or
+// newer than the answer).
 func (s *holderSide) markAsked(p, owner string, publish uint64, rec hfl.Record) {
+	if owner == s.n.self.Node {
+		return
+	}
 	if rec.Owner != owner || !rec.Provisional {
 		rec = hfl.Record{}
 	}
@@ -534,6 +543,9 @@ func (s *holderSide) markAsked(p, owner string, publish uint64, rec hfl.Record) 
 	defer s.mu.Unlock()
 	f := s.flights[p]
 	if f == nil || slices.Contains(f.ended, holdKey{owner, publish}) {
+		return
+	}
+	if m := s.marks[p]; m != nil && (f.broken || (m.owner == owner && m.publish == publish)) {
 		return
 	}
 	s.markLocked(p, owner, publish, rec, time.Now().Add(pendingHold))
@@ -545,29 +557,39 @@ func (s *holderSide) markAsked(p, owner string, publish uint64, rec hfl.Record) 
 // unmarkAnswered ends the hold of p when its home answered the question
 // about it now in flight without holding it back, and nothing was told
 // meanwhile: the hold ended there, and its end did not reach this node
-// (a listing it ended, a notice lost).
+// yet (or never will: a notice lost). The listing of p's directory,
+// which that end would have updated, answers nothing more.
 func (s *holderSide) unmarkAnswered(p string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if f := s.flights[p]; f != nil && !f.broken {
-		s.unmarkLocked(p)
+	f := s.flights[p]
+	if _, marked := s.marks[p]; !marked || f == nil || f.broken {
+		return
+	}
+	s.unmarkLocked(p)
+	dir, _ := hfl.SplitPath(p)
+	if _, ok := s.lists[dir]; ok {
+		delete(s.lists, dir)
+		if local := s.n.env.Local; local != nil {
+			workers.Go(func() { local.ListingDropped(dir) })
+		}
 	}
 }
 
-// waitSettled waits, at most settleWait, until p (or every path of
-// directory dir, with dir) is no longer held back, and reports whether
-// it is not.
-func (s *holderSide) waitSettled(ctx context.Context, p string, dir bool) bool {
+// heldBack reports whether p is held back (see holdMark).
+func (s *holderSide) heldBack(p string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.heldLocked(p, time.Now())
+}
+
+// waitSettled waits, at most settleWait, until p is no longer held back,
+// and reports whether it is not.
+func (s *holderSide) waitSettled(ctx context.Context, p string) bool {
 	var limit *time.Timer
 	for {
-		now := time.Now()
 		s.mu.Lock()
-		held := false
-		if dir {
-			held = s.heldDirLocked(p, now)
-		} else {
-			held = s.heldLocked(p, now)
-		}
+		held := s.heldLocked(p, time.Now())
 		ch := s.settled
 		s.mu.Unlock()
 		if !held {
@@ -629,9 +651,10 @@ func (s *holderSide) broken(from string, msg notice) {
 	}
 	s.mu.Lock()
 	ends := exists && msg.Publish != 0 && (!state.Provisional || msg.Settle) // a hold's end
+	dropped := false                                                         // the listing of dir, by a Settle
 	if f := s.flights[p]; f != nil {
 		f.broken = true
-		if ends {
+		if ends && len(f.ended) < maxFlightEnds {
 			f.ended = append(f.ended, holdKey{state.Owner, msg.Publish})
 		}
 	}
@@ -666,6 +689,15 @@ func (s *holderSide) broken(from string, msg notice) {
 		case holdsBack:
 		case ends && m.owner == state.Owner && m.publish == msg.Publish:
 			s.unmarkLocked(p) // its commit, or its failure
+			if msg.Settle && !(listing && ended) {
+				// Overtaken at the home, the newer change may reach
+				// this node after the Settle: the listing, which
+				// lacks both, answers nothing more.
+				if _, ok := s.lists[dir]; ok {
+					delete(s.lists, dir)
+					dropped = true
+				}
+			}
 		case !state.Provisional:
 			m.overtaken = true
 		}
@@ -718,7 +750,7 @@ func (s *holderSide) broken(from string, msg notice) {
 		}
 		local.Invalidated(p, state, exists)
 	}
-	if local := n.env.Local; local != nil && listing && ended {
+	if local := n.env.Local; local != nil && ((listing && ended) || dropped) {
 		local.ListingDropped(dir)
 	}
 }

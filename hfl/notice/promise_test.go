@@ -960,3 +960,38 @@ func TestHoldKeptThroughAnotherChangeInFlight(t *testing.T) {
 		t.Fatalf("the reader finds %+v at %v, %v after A's close returned; want A's generation %d (B's is %d)", rec, lv, err, pubA.Generation, outB.Generation)
 	}
 }
+
+// TestLateAnswerKeepsNewerHold: an answer that the path is held back for
+// one publish, reaching a node after the break that holds it back for the
+// writer's next one, does not replace that hold; the first commit's notice
+// does not end it, and the node answers what the second close committed.
+func TestLateAnswerKeepsNewerHold(t *testing.T) {
+	locs, _, net, ctx, p := heldPathCluster(t, 3)
+	writer, reader, home := locs[0], locs[1], locs[2]
+	reader.Record(ctx, p)
+	release := loseAllButHolds(net, "n0")
+	defer release()
+	first, err := writer.Publish(ctx, hfl.Record{Path: p, Owner: "n0", Mode: 0o100644, Size: 1}, closeTold)
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstPublish := writer.n.publish.Load()
+	// The reader's question, step by step: answered during the first
+	// hold, taken after the second one's break.
+	h := reader.n.holder
+	h.startFlight(p)
+	r := home.n.home.ask("n1", p, 0, false)
+	if !r.Pending || r.PendingPublish != firstPublish {
+		t.Fatalf("the home answers %+v; want the first publish held back", r)
+	}
+	second, err := writer.Publish(ctx, hfl.Record{Path: p, Owner: "n0", Mode: 0o100644, Size: 2}, closeTold)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.markAsked(p, r.PendingOwner, r.PendingPublish, hfl.Record{})
+	h.endFlight(p)
+	home.n.home.published(ctx, "n0", first, firstPublish, false, false, false) // the first commit's notice, late
+	if rec, lv, err := reader.Record(ctx, p); err != nil || rec.Generation != second.Generation {
+		t.Fatalf("after the second close returned: %+v at %v, %v; want generation %d (the first is %d)", rec, lv, err, second.Generation, first.Generation)
+	}
+}
