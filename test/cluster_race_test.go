@@ -674,10 +674,13 @@ func TestClusterNoWaitOpenOfRemovedFile(t *testing.T) {
 	a, b := c.nodes[0], c.nodes[1]
 	a.mustSh("echo v1 > f")
 	b.mustSh("test \"$(cat f)\" = v1")
-	writer := a.startSh("exec 3>f; echo v2 >&3; sleep 2; rm f")
-	eventually(t, "the rewrite told to the store", func() bool {
+	// The claim of the rewrite is told before echo's close of its copy
+	// of the descriptor returns; "claimed", created after it, is seen on
+	// b once b was told (the store may hold the claim before then).
+	writer := a.startSh("exec 3>f; echo v2 >&3; : > claimed; sleep 2; rm f")
+	eventually(t, "the rewrite told to the store and to "+b.name, func() bool {
 		rec, ok := b.published("f")
-		return ok && rec.Writing
+		return ok && rec.Writing && b.sh("test -e claimed").err == nil
 	})
 	start := time.Now()
 	r := b.sh("DYADFS_WAIT=0 cat f")
