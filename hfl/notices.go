@@ -275,6 +275,12 @@ type NoticeStats struct {
 	// HomeWaits counts rewrites and removals that waited for a home that
 	// could not be reached to leave the members.
 	HomeWaits uint64 `json:"waits_for_dead_home"`
+	// HeldLookups counts lookups that waited for a path held back for a
+	// commit that was coming (see notice.holdMark); HeldRunOut, those
+	// whose commit was not told within the wait (a second), which read
+	// the store instead.
+	HeldLookups uint64 `json:"lookups_held_back"`
+	HeldRunOut  uint64 `json:"lookups_held_back_in_vain"`
 	// SilentHolders counts holders this node, as a home, took for cut off
 	// (their promises dropped); Revoked, the times this node was told
 	// its promises from a home were dropped.

@@ -167,6 +167,7 @@ func printStatus(out io.Writer, st *fs.Status) {
 		row("  waits woken by a notice", n.WokenBy)
 		row("  waits that also watched the store", n.StoreWaits)
 		row("  waits for a dead home", n.HomeWaits)
+		row("  lookups held back for a commit / in vain", fmt.Sprintf("%d / %d", n.HeldLookups, n.HeldRunOut))
 		row("  holders taken for cut off / promises revoked here", fmt.Sprintf("%d / %d", n.SilentHolders, n.Revoked))
 	}
 	for _, k := range sortedKeys(st.Intent) {

@@ -596,12 +596,14 @@ func (s *holderSide) waitSettled(ctx context.Context, p string) bool {
 			return true
 		}
 		if limit == nil {
+			s.n.heldLookups.Add(1)
 			limit = time.NewTimer(settleWait)
 			defer limit.Stop()
 		}
 		select {
 		case <-ch:
 		case <-limit.C:
+			s.n.heldRunOut.Add(1)
 			return false
 		case <-ctx.Done():
 			return false

@@ -212,6 +212,7 @@ type Protocol struct {
 	outboxes map[outboxKey]*outbox
 
 	sent, received, failed, breaks, broken, asked, woken, storeWaits, homeWaits, silent, revoked, batched atomic.Uint64
+	heldLookups, heldRunOut                                                                               atomic.Uint64
 }
 
 // Over returns the notices of a node that exchanges them with the other
@@ -597,5 +598,6 @@ func (n *Protocol) stats() hfl.NoticeStats {
 	return hfl.NoticeStats{Members: members, Sent: n.sent.Load(), Received: n.received.Load(), Failed: n.failed.Load(),
 		Breaks: n.breaks.Load(), Broken: n.broken.Load(), Asked: n.asked.Load(), Holders: n.home.holders(), Promises: n.holder.promises(),
 		WokenBy: n.woken.Load(), StoreWaits: n.storeWaits.Load(), HomeWaits: n.homeWaits.Load(),
-		SilentHolders: n.silent.Load(), Revoked: n.revoked.Load(), Batched: n.batched.Load()}
+		SilentHolders: n.silent.Load(), Revoked: n.revoked.Load(), Batched: n.batched.Load(),
+		HeldLookups: n.heldLookups.Load(), HeldRunOut: n.heldRunOut.Load()}
 }

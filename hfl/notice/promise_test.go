@@ -798,6 +798,9 @@ func TestCommitToldAsideKeepsCloseToOpen(t *testing.T) {
 	if took := time.Since(start); took > 3*settleWait+2*time.Second {
 		t.Fatalf("three lookups took %v while the commit's notice was lost; want each to wait at most %v", took, settleWait)
 	}
+	if st := reader.Stats().Notices; st.HeldLookups == 0 || st.HeldRunOut == 0 {
+		t.Fatalf("the reader's status counts %d lookups held back, %d in vain; want both counted", st.HeldLookups, st.HeldRunOut)
+	}
 	release()
 	eventuallyTrue(t, "the commit told, and the reader's promise back", func() bool {
 		rec, lv, err := reader.Record(ctx, p)
