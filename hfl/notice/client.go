@@ -47,7 +47,7 @@ func (n *Protocol) Publish(ctx context.Context, rec hfl.Record, inline *hfl.Inli
 		took := <-held
 		if took && err == nil && time.Since(start) < settleWait {
 			n.holder.madeHere(out.Path, out, true, out.Generation)
-			n.tellHome(out, publish, nil)
+			n.tellCommitted(ctx, out, publish)
 			return out, nil
 		}
 		if err != nil {
@@ -519,6 +519,19 @@ func (n *Protocol) holdBack(ctx context.Context, rec hfl.Record, publish uint64)
 		out <- err == nil && r.Pending
 	})
 	return out
+}
+
+// tellCommitted tells out's home of its commit, publish publish, after the
+// home held the path back: aside, or here and now if this node is the
+// home (no message; its holders are told aside), which also spares the
+// next close's commit the work of this one's told aside.
+func (n *Protocol) tellCommitted(ctx context.Context, out hfl.Record, publish uint64) {
+	dir, _ := hfl.SplitPath(out.Path)
+	if home, _, ok := n.homeOf(dir); ok && home.Node == n.self.Node {
+		n.deliver(ctx, notice{Kind: kindPublished, Rec: &out, Publish: publish}, out.Path, out, true, 1)
+		return
+	}
+	n.tellHome(out, publish, nil)
 }
 
 // settleHome tells rec's home, aside, that the commit of publish publish,
