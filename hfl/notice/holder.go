@@ -502,14 +502,21 @@ func (s *holderSide) heldLocked(p string, now time.Time) bool {
 	if k := s.known[p]; k != nil {
 		k.p = promise{}
 	}
-	dir, _ := hfl.SplitPath(p)
-	if _, ok := s.lists[dir]; ok {
-		delete(s.lists, dir)
-		if local := s.n.env.Local; local != nil {
-			workers.Go(func() { local.ListingDropped(dir) })
-		}
-	}
+	s.dropListingLocked(p)
 	return false
+}
+
+// dropListingLocked drops the listing of p's directory, if this node
+// holds it, and tells the managed directory aside (it may tell the kernel).
+func (s *holderSide) dropListingLocked(p string) {
+	dir, _ := hfl.SplitPath(p)
+	if _, ok := s.lists[dir]; !ok {
+		return
+	}
+	delete(s.lists, dir)
+	if local := s.n.env.Local; local != nil {
+		workers.Go(func() { local.ListingDropped(dir) })
+	}
 }
 
 // heldDirLocked reports whether a path of directory dir is held back.
@@ -567,13 +574,7 @@ func (s *holderSide) unmarkAnswered(p string) {
 		return
 	}
 	s.unmarkLocked(p)
-	dir, _ := hfl.SplitPath(p)
-	if _, ok := s.lists[dir]; ok {
-		delete(s.lists, dir)
-		if local := s.n.env.Local; local != nil {
-			workers.Go(func() { local.ListingDropped(dir) })
-		}
-	}
+	s.dropListingLocked(p)
 }
 
 // heldBack reports whether p is held back (see holdMark).
